@@ -1,0 +1,258 @@
+"""Server configuration: every `TOPICS_*` environment variable, read in one place.
+
+:func:`load_config` turns an environment mapping into a frozen
+:class:`ServerConfig`. Numeric variables are whitespace-trimmed and fall back to
+their default when unparsable (API §13); only a malformed API-key scope or an
+insecure non-loopback bind without keys aborts startup (:class:`ConfigError`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+__all__ = ["ApiKey", "ConfigError", "ServerConfig", "load_config", "parse_api_keys", "Limits"]
+
+
+class ConfigError(Exception):
+    """Startup refused: a malformed key scope or an insecure bind (API §1.2)."""
+
+
+SCOPE_READ = "read"
+SCOPE_WRITE = "write"
+SCOPE_DELETE = "delete"
+SCOPE_ADMIN = "admin"
+ALL_SCOPES = frozenset({SCOPE_READ, SCOPE_WRITE, SCOPE_DELETE, SCOPE_ADMIN})
+
+_SCOPE_TOKENS: dict[str, frozenset[str]] = {
+    "read": frozenset({SCOPE_READ}),
+    "r": frozenset({SCOPE_READ}),
+    "write": frozenset({SCOPE_WRITE}),
+    "w": frozenset({SCOPE_WRITE}),
+    "delete": frozenset({SCOPE_DELETE}),
+    "del": frozenset({SCOPE_DELETE}),
+    "d": frozenset({SCOPE_DELETE}),
+    "admin": frozenset({SCOPE_ADMIN}),
+    "a": frozenset({SCOPE_ADMIN}),
+    "rw": frozenset({SCOPE_READ, SCOPE_WRITE}),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """One configured key: SHA-256 digest of the secret, scopes, name prefixes.
+
+    `prefixes` empty means any name is allowed (API §1.2).
+    """
+
+    digest: bytes
+    scopes: frozenset[str]
+    prefixes: tuple[str, ...]
+
+    def allows_name(self, name: str) -> bool:
+        """True if `name` starts with one of the allowlisted prefixes (or none are set)."""
+        return not self.prefixes or any(name.startswith(p) for p in self.prefixes)
+
+
+def parse_api_keys(raw: str) -> tuple[ApiKey, ...]:
+    """Parse `TOPICS_API_KEYS` (API §1.2 entry syntax).
+
+    Entries are comma-separated and trimmed; each is `secret`, `secret:SCOPES`,
+    `secret:SCOPES:PREFIXES` or `secret::PREFIXES`. Raises :class:`ConfigError` on
+    an unknown scope token.
+    """
+    keys: list[ApiKey] = []
+    for entry in raw.split(","):
+        entry = entry.strip()
+        if not entry:
+            continue
+        parts = entry.split(":", 2)
+        secret = parts[0].strip()
+        if not secret:
+            continue
+        scopes: set[str] = set()
+        scope_field = parts[1] if len(parts) > 1 else ""
+        for tok in scope_field.split("+"):
+            tok = tok.strip().lower()
+            if not tok:
+                continue
+            if tok not in _SCOPE_TOKENS:
+                raise ConfigError(f"TOPICS_API_KEYS: unknown scope token {tok!r}")
+            scopes |= _SCOPE_TOKENS[tok]
+        prefixes: tuple[str, ...] = ()
+        if len(parts) > 2:
+            prefixes = tuple(p.strip() for p in parts[2].split("|") if p.strip())
+        keys.append(
+            ApiKey(
+                digest=hashlib.sha256(secret.encode()).digest(),
+                scopes=frozenset(scopes) if scopes else ALL_SCOPES,
+                prefixes=prefixes,
+            )
+        )
+    return tuple(keys)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Resource caps of API §12; `0` disables a configurable cap."""
+
+    max_topics: int = 100_000
+    max_routers: int = 10_000
+    max_watch_sessions: int = 10_000
+    max_sse_connections: int = 10_000
+    max_sse_connections_per_key: int = 1_000
+    max_inflight_per_key: int = 1_000
+    max_total_bytes: int = 0
+    max_body_bytes: int = 67_108_864
+    # Constants in the original (API §12 [src]); readable from the env, same defaults.
+    max_batch_records: int = 10_000
+    max_record_bytes: int = 1_048_576
+    max_meta_bytes: int = 16_384
+    max_meta_keys: int = 64
+    max_tag_bytes: int = 256
+    max_node_bytes: int = 128
+    max_limit: int = 1_000
+    max_watch_topics: int = 256
+    max_claim: int = 1_000
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """Everything `topics serve` reads from its environment (API §13)."""
+
+    host: str = "127.0.0.1"
+    port: int = 4000
+    port_file: str | None = None
+    api_keys: tuple[ApiKey, ...] = ()
+    probe_auth: bool = False
+    allow_insecure_no_auth: bool = False
+    data_dir: str = "./topics-data"
+    cold_dir: str | None = None
+    wal_shards: int = field(default_factory=lambda: max(1, min(os.cpu_count() or 1, 8)))
+    segment_max_events: int = 10_000
+    segment_max_bytes: int = 67_108_864
+    segment_max_age_ms: int = 3_600_000
+    hot_retain_segments: int = 4
+    hot_retain_bytes: int = 0
+    limits: Limits = field(default_factory=Limits)
+    test_min_heartbeat_ms: int | None = None
+    log_level: str = "info"
+
+    @property
+    def auth_enabled(self) -> bool:
+        """Auth is on iff at least one key is configured (API §1.2 "dev mode")."""
+        return bool(self.api_keys)
+
+
+def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 0) -> int:
+    raw = env.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        return default
+    return value if value >= minimum else default
+
+
+def _bool(env: Mapping[str, str], name: str) -> bool:
+    return env.get(name, "").strip().lower() in ("1", "true")
+
+
+def is_loopback_host(host: str) -> bool:
+    """True when every address `host` resolves to is loopback (API §1.2).
+
+    Unspecified addresses (`0.0.0.0`, `::`) and unresolvable hosts are not loopback.
+    """
+    h = host.strip("[]")
+    try:
+        return ipaddress.ip_address(h).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(h, None)
+    except OSError:
+        return False
+    addrs = {info[4][0] for info in infos}
+    return bool(addrs) and all(ipaddress.ip_address(str(a).split("%")[0]).is_loopback for a in addrs)
+
+
+def load_config(env: Mapping[str, str] | None = None) -> ServerConfig:
+    """Build a :class:`ServerConfig` from `env` (default `os.environ`).
+
+    Raises :class:`ConfigError` for a malformed scope token, or for a non-loopback
+    bind with no keys unless `TOPICS_ALLOW_INSECURE_NO_AUTH` is `1`/`true`.
+    """
+    env = os.environ if env is None else env
+    host = env.get("TOPICS_HOST", "").strip() or "127.0.0.1"
+    port = _int(env, "TOPICS_PORT", 4000)
+    if port > 65535:
+        port = 4000
+    if host.count(":") == 1 or (host.startswith("[") and "]:" in host):
+        # `host:port` form: TOPICS_PORT is ignored.
+        h, _, p = host.rpartition(":")
+        try:
+            port = int(p)
+            host = h
+        except ValueError:
+            pass
+    keys = parse_api_keys(env.get("TOPICS_API_KEYS", ""))
+    allow_insecure = _bool(env, "TOPICS_ALLOW_INSECURE_NO_AUTH")
+    if not keys and not allow_insecure and not is_loopback_host(host):
+        raise ConfigError(
+            f"refusing to bind {host}: not loopback and TOPICS_API_KEYS is empty "
+            "(set keys, or TOPICS_ALLOW_INSECURE_NO_AUTH=1)"
+        )
+    d = Limits()
+    limits = Limits(
+        max_topics=_int(env, "TOPICS_MAX_TOPICS", d.max_topics),
+        max_routers=_int(env, "TOPICS_MAX_ROUTERS", d.max_routers),
+        max_watch_sessions=_int(env, "TOPICS_MAX_WATCH_SESSIONS", d.max_watch_sessions),
+        max_sse_connections=_int(env, "TOPICS_MAX_SSE_CONNECTIONS", d.max_sse_connections),
+        max_sse_connections_per_key=_int(
+            env, "TOPICS_MAX_SSE_CONNECTIONS_PER_KEY", d.max_sse_connections_per_key
+        ),
+        max_inflight_per_key=_int(env, "TOPICS_MAX_INFLIGHT_PER_KEY", d.max_inflight_per_key),
+        max_total_bytes=_int(env, "TOPICS_MAX_TOTAL_BYTES", d.max_total_bytes),
+        max_body_bytes=_int(env, "TOPICS_MAX_BODY_BYTES", d.max_body_bytes),
+        max_batch_records=_int(env, "TOPICS_MAX_BATCH_RECORDS", d.max_batch_records, minimum=1),
+        max_record_bytes=_int(env, "TOPICS_MAX_RECORD_BYTES", d.max_record_bytes, minimum=1),
+        max_meta_bytes=_int(env, "TOPICS_MAX_META_BYTES", d.max_meta_bytes, minimum=1),
+        max_tag_bytes=_int(env, "TOPICS_MAX_TAG_BYTES", d.max_tag_bytes, minimum=1),
+        max_node_bytes=_int(env, "TOPICS_MAX_NODE_BYTES", d.max_node_bytes, minimum=1),
+        max_limit=_int(env, "TOPICS_MAX_LIMIT", d.max_limit, minimum=1),
+        max_watch_topics=_int(env, "TOPICS_MAX_WATCH_TOPICS", d.max_watch_topics, minimum=1),
+        max_claim=_int(env, "TOPICS_MAX_CLAIM", d.max_claim, minimum=1),
+    )
+    hb = env.get("TOPICS_TEST_MIN_HEARTBEAT_MS")
+    test_hb: int | None = None
+    if hb is not None:
+        try:
+            test_hb = min(max(int(hb.strip()), 1), 1000)
+        except ValueError:
+            test_hb = None
+    shards_default = max(1, min(os.cpu_count() or 1, 8))
+    shards = _int(env, "TOPICS_WAL_SHARDS", shards_default, minimum=1)
+    return ServerConfig(
+        host=host,
+        port=port,
+        port_file=env.get("TOPICS_PORT_FILE") or None,
+        api_keys=keys,
+        probe_auth=_bool(env, "TOPICS_PROBE_AUTH"),
+        allow_insecure_no_auth=allow_insecure,
+        data_dir=env.get("TOPICS_DATA_DIR", "").strip() or "./topics-data",
+        cold_dir=env.get("TOPICS_COLD_DIR", "").strip() or None,
+        wal_shards=shards,
+        segment_max_events=_int(env, "TOPICS_SEGMENT_MAX_EVENTS", 10_000, minimum=1),
+        segment_max_bytes=_int(env, "TOPICS_SEGMENT_MAX_BYTES", 67_108_864, minimum=1),
+        segment_max_age_ms=_int(env, "TOPICS_SEGMENT_MAX_AGE_MS", 3_600_000),
+        hot_retain_segments=_int(env, "TOPICS_HOT_RETAIN_SEGMENTS", 4),
+        hot_retain_bytes=_int(env, "TOPICS_HOT_RETAIN_BYTES", 0),
+        limits=limits,
+        test_min_heartbeat_ms=test_hb,
+        log_level=(env.get("TOPICS_LOG") or env.get("RUST_LOG") or "info").strip().lower(),
+    )

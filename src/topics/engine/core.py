@@ -1,0 +1,560 @@
+"""The engine facade: the topic registry and every topic-level operation.
+
+Sans-I/O and synchronous: callers pass parsed JSON bodies, the engine returns
+JSON-ready results or raises :class:`~topics.errors.TopicsError`. Time comes
+from the injected :class:`~topics.clock.Clock`; durable logging goes through the
+injected :class:`~topics.engine.journal.Journal`. All calls must come from the
+one event loop that owns the engine (DESIGN §1): there are no locks.
+
+Writes are two-phase so storage can slot in underneath: :meth:`Engine.begin_write`
+validates, admits and stages a batch (seqs assigned, nothing visible);
+the journal commits it and the topic publishes it in seq order
+(:meth:`Topic.complete`); :meth:`Engine.write_result` renders the ack.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from topics.clock import Clock
+from topics.config import Limits
+from topics.engine.journal import Journal, MemoryJournal
+from topics.engine.names import valid_topic_name
+from topics.engine.params import boolean, node_set, opt_str, opt_u64, predicate, u64
+from topics.engine.records import MAX_KEY_BYTES, NewRecord, prepare_records
+from topics.engine.topic import (
+    DedupeEntry,
+    NodeInterner,
+    PendingWrite,
+    ReadResult,
+    Topic,
+    Totals,
+)
+from topics.engine.topic_config import TopicConfig, parse_topic_config
+from topics.errors import TopicsError, bad_request, not_found_topic, throttled
+
+__all__ = ["Engine", "WriteRequest", "DiffParams", "encode_cursor", "decode_cursor"]
+
+DEFAULT_LIMIT = 256
+DEFAULT_BUDGET = 1_048_576
+MAX_BUDGET = 8_388_608
+MAX_WAIT_MS = 30_000
+
+
+def encode_cursor(after: str) -> str:
+    """List pagination cursor: padded standard base64 of `{"after": name}` (API §1.8)."""
+    return base64.b64encode(orjson.dumps({"after": after})).decode()
+
+
+def decode_cursor(cursor: str | None) -> str | None:
+    """The `after` name of a list cursor, None for no cursor; `400` when undecodable."""
+    if not cursor:
+        return None
+    try:
+        raw = base64.b64decode(cursor + "=" * (-len(cursor) % 4), validate=False)
+        obj = orjson.loads(raw)
+    except (binascii.Error, ValueError) as exc:
+        raise bad_request("invalid cursor") from exc
+    if isinstance(obj, dict) and isinstance(obj.get("after"), str):
+        return str(obj["after"])
+    return None
+
+
+def clamp_page_size(raw: str | None) -> int:
+    """`page_size`: default 100, clamped to [1, 1000], unparsable => 100 (API §1.8)."""
+    try:
+        v = int(raw) if raw is not None else 100
+    except ValueError:
+        return 100
+    return min(max(v, 1), 1000)
+
+
+@dataclass(slots=True)
+class WriteRequest:
+    """A validated write body (API §4)."""
+
+    records: list[NewRecord]
+    key: str | None
+    create: bool | None
+    config: Any
+    has_config: bool
+
+
+@dataclass(slots=True)
+class DiffParams:
+    """Normalised read parameters (API §5)."""
+
+    from_seq: int
+    limit: int
+    nodes: list[str] | None
+    include_tags: bool
+    include_meta: bool
+    wait_ms: int
+    budget: int
+
+
+def norm_limit(v: int, max_limit: int = 1000) -> int:
+    return DEFAULT_LIMIT if v == 0 else min(v, max_limit)
+
+
+def norm_budget(v: int, default: int = DEFAULT_BUDGET) -> int:
+    return default if v == 0 else min(v, MAX_BUDGET)
+
+
+class Engine:
+    """All topics of one server instance and the operations on them."""
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        limits: Limits | None = None,
+        journal: Journal | None = None,
+    ) -> None:
+        self.clock = clock
+        self.limits = limits or Limits()
+        self.journal: Journal = journal or MemoryJournal()
+        self.topics: dict[str, Topic] = {}
+        self.totals = Totals()
+        self.nodes = NodeInterner()
+        self.next_topic_id = 1
+        self.started_ms = clock.now_ms()
+        # Hooks installed by the router and queue layers (engine.routers / engine.queues).
+        self.drain_into: Callable[[Topic], None] = lambda t: None
+        self.on_published: Callable[[Topic], None] = lambda t: None
+        self.on_topic_deleted: Callable[[Topic], list[str]] = lambda t: []
+        self.on_topic_created: Callable[[Topic], None] = lambda t: None
+
+    # ------------------------------------------------------------- registry
+
+    def get(self, name: str) -> Topic | None:
+        return self.topics.get(name)
+
+    def require(self, name: str) -> Topic:
+        """The live topic `name`, or `404 topic_not_found`."""
+        t = self.topics.get(name)
+        if t is None:
+            raise not_found_topic(name)
+        return t
+
+    def _new_topic(self, name: str, cfg: TopicConfig) -> Topic:
+        """Build an unregistered instance after the name and topic-cap checks."""
+        if not valid_topic_name(name):
+            raise bad_request(f"invalid topic name {name!r}")
+        cap = self.limits.max_topics
+        if cap and len(self.topics) >= cap:
+            raise throttled("max_topics", cap)
+        t = Topic(name, self.next_topic_id, cfg, self.clock.now_ms(), self.totals, self.nodes)
+        return t
+
+    def _register(self, t: Topic) -> None:
+        self.next_topic_id = max(self.next_topic_id, t.topic_id + 1)
+        self.topics[t.name] = t
+        self.journal.topic_created(t)
+        self.on_topic_created(t)
+
+    def ensure_topic(self, name: str) -> tuple[Topic, bool]:
+        """Get or auto-create `name` with the default config (routers, dead letters)."""
+        t = self.topics.get(name)
+        if t is not None:
+            return t, False
+        t = self._new_topic(name, TopicConfig())
+        self._register(t)
+        return t, True
+
+    # ------------------------------------------------------- topic lifecycle
+
+    def put_topic(self, name: str, body: Any) -> tuple[Topic, bool]:
+        """Create or fully reconfigure `name` (API §3.1); returns (topic, created).
+
+        Raises 400 (name/config), 409 topic_exists_incompatible (type change),
+        429 throttled (topic cap).
+        """
+        if not valid_topic_name(name):
+            raise bad_request(f"invalid topic name {name!r}")
+        cfg = parse_topic_config(body, name)
+        existing = self.topics.get(name)
+        if existing is not None:
+            if existing.config.type != cfg.type:
+                raise TopicsError(
+                    409,
+                    "topic_exists_incompatible",
+                    f'topic "{name}" is a {existing.config.type}; its type cannot change',
+                    {
+                        "topic": name,
+                        "existing_type": existing.config.type,
+                        "requested_type": cfg.type,
+                    },
+                )
+            self.journal.config_updated(existing, cfg)
+            existing.config = cfg
+            existing.apply_retention(self.clock.now_ms())
+            existing.notify()
+            return existing, False
+        t = self._new_topic(name, cfg)
+        self._register(t)
+        return t, True
+
+    def effective_priority(self, t: Topic, now: int) -> int:
+        """SEMANTICS §13: manual priority, else 500 * 2^(-idle/30 s) recency boost."""
+        cfg = t.config
+        base = min(max(cfg.priority or 0, -1000), 1000)
+        auto = 0.0
+        if cfg.priority is None and cfg.auto_priority and t.last_consumed_ms is not None:
+            idle = max(now - t.last_consumed_ms, 0)
+            if idle < 300_000:
+                auto = 500.0 * 2.0 ** (-idle / 30_000)
+        return int(round(base + auto))
+
+    def prepare_read(self, t: Topic, *, consume: bool = True) -> int:
+        """Read-path preamble: drain routers into `t`, apply retention, touch clocks."""
+        self.drain_into(t)
+        now = self.clock.now_ms()
+        t.apply_retention(now)
+        if consume:
+            t.last_read_ms = now
+            t.last_consumed_ms = now
+        return now
+
+    def topic_state(self, name: str, touch: bool = True) -> dict[str, Any]:
+        """`GET /v0/topics/:t` body without `performance` (API §3.2)."""
+        t = self.require(name)
+        now = self.prepare_read(t, consume=touch)
+        out: dict[str, Any] = {
+            "topic": t.name,
+            "type": t.config.type,
+            "head_seq": t.head_seq,
+            "earliest_seq": t.earliest_seq,
+            "next_seq": t.head_seq + 1,
+            "count": t.live_count,
+            "bytes": t.live_bytes,
+            "config": t.config.to_wire(),
+            "effective_priority": self.effective_priority(t, now),
+            "last_write_ts": t.last_write_ms,
+            "last_read_ts": t.last_read_ms,
+        }
+        if t.queue is not None:
+            out["queue"] = t.queue.counters(t, now)
+        return out
+
+    def list_topics(
+        self,
+        *,
+        prefix: str = "",
+        page_size: int = 100,
+        cursor: str | None = None,
+        touch: bool = False,
+        allow: Callable[[str], bool] | None = None,
+    ) -> dict[str, Any]:
+        """`GET /v0/topics` body without `performance` (API §3.3)."""
+        after = decode_cursor(cursor)
+        names = sorted(n for n in self.topics if n.startswith(prefix))
+        if after is not None:
+            names = [n for n in names if n > after]
+        if allow is not None:
+            names = [n for n in names if allow(n)]
+        page = names[:page_size]
+        now = self.clock.now_ms()
+        items = []
+        for n in page:
+            t = self.topics[n]
+            self.drain_into(t)
+            t.apply_retention(now)
+            if touch:
+                t.last_consumed_ms = now
+            items.append(
+                {
+                    "topic": n,
+                    "head_seq": t.head_seq,
+                    "earliest_seq": t.earliest_seq,
+                    "count": t.live_count,
+                    "bytes": t.live_bytes,
+                    "durable": t.config.durable,
+                    "effective_priority": self.effective_priority(t, now),
+                }
+            )
+        out: dict[str, Any] = {"topics": items}
+        if len(names) > page_size:
+            out["next_cursor"] = encode_cursor(page[-1])
+        return out
+
+    def delete_topic(self, name: str, if_empty: bool = False) -> dict[str, Any]:
+        """`DELETE /v0/topics/:t` (API §3.4): ends the instance and its routers."""
+        t = self.topics.get(name)
+        if t is None:
+            return {"deleted": False, "routers_removed": []}
+        if if_empty:
+            self.prepare_read(t, consume=False)
+            if t.live_count:
+                raise TopicsError(
+                    409,
+                    "topic_not_empty",
+                    f'topic "{name}" still holds {t.live_count} records',
+                    {"topic": name, "count": t.live_count},
+                )
+        self.journal.topic_deleted(t)
+        del self.topics[name]
+        removed = sorted(self.on_topic_deleted(t))
+        t.drop_all()
+        t.notify()
+        return {"topic": name, "deleted": True, "routers_removed": removed}
+
+    # ------------------------------------------------------------ write path
+
+    def parse_write(self, body: Any, header_key: str | None) -> WriteRequest:
+        """Validate a write body (API §4); raises 400s before any topic lookup."""
+        if not isinstance(body, dict):
+            raise bad_request("write body must be a JSON object")
+        lim = self.limits
+        records = prepare_records(
+            body.get("records"),
+            body.get("node"),
+            max_batch=lim.max_batch_records,
+            max_record_bytes=lim.max_record_bytes,
+            max_meta_bytes=lim.max_meta_bytes,
+            max_meta_keys=lim.max_meta_keys,
+            max_tag_bytes=lim.max_tag_bytes,
+            max_node_bytes=lim.max_node_bytes,
+        )
+        key = opt_str(body, "idempotency_key")
+        if key is None:
+            key = header_key
+        if key is not None and len(key.encode()) > MAX_KEY_BYTES:
+            raise bad_request(f"idempotency key exceeds {MAX_KEY_BYTES} bytes")
+        create = body.get("create")
+        if create is not None and not isinstance(create, bool):
+            raise bad_request("create must be a boolean")
+        has_config = body.get("config") is not None
+        if has_config and not isinstance(body["config"], dict):
+            raise bad_request("config must be a JSON object")
+        boolean(body, "disable_backpressure", False)
+        return WriteRequest(records, key or None, create, body.get("config"), has_config)
+
+    def begin_write(self, name: str, req: WriteRequest) -> PendingWrite | dict[str, Any]:
+        """Resolve, dedupe, admit and stage a write (API §4 admission order).
+
+        Returns a replay result dict for an in-window idempotent repeat, else the
+        staged :class:`PendingWrite` (already published when the journal commits
+        synchronously). Raises 400/404/422/429 without changing anything.
+        """
+        now = self.clock.now_ms()
+        t = self.topics.get(name)
+        created = False
+        if t is None:
+            if req.create is False:
+                raise not_found_topic(name)
+            cfg = parse_topic_config(req.config, name) if req.has_config else TopicConfig()
+            if req.create is None and not (
+                req.config.get("auto_create", True) if req.has_config else True
+            ):
+                raise not_found_topic(name)
+            t = self._new_topic(name, cfg)
+            created = True
+        key = req.key
+        if key is not None and not created:
+            hit = self._dedupe_lookup(t, key, now)
+            if hit is not None:
+                return hit
+            inflight = t.dedupe_pending.get(key)
+            if inflight is not None:
+                return inflight  # the caller waits for it, then replays
+        if not created:
+            self.drain_into(t)
+            t.apply_retention(now)
+        self._admit(t, req.records)
+        if created:
+            self._register(t)
+        pw = t.stage(req.records, now, key)
+        pw.created = created
+        if key is not None:
+            t.dedupe_pending[key] = pw
+        pw.waiters.append(lambda: self._after_publish(pw))
+        self.journal.submit_write(pw)
+        return pw
+
+    def _admit(self, t: Topic, records: list[NewRecord]) -> None:
+        cfg = t.config
+        n = len(records)
+        nbytes = sum(r.nbytes for r in records)
+        if cfg.discard == "reject":
+            if (cfg.cap_bytes and nbytes > cfg.cap_bytes) or (
+                cfg.cap_records and n > cfg.cap_records
+            ):
+                raise TopicsError(
+                    400,
+                    "record_too_large",
+                    "the batch can never fit within the topic's caps",
+                )
+            count = t.live_count + t.pending_count
+            size = t.live_bytes + t.pending_bytes
+            if (cfg.cap_records and count + n > cfg.cap_records) or (
+                cfg.cap_bytes and size + nbytes > cfg.cap_bytes
+            ):
+                raise TopicsError(
+                    422,
+                    "topic_full",
+                    f'topic "{t.name}" is full (discard: reject)',
+                    {
+                        "topic": t.name,
+                        "cap_records": cfg.cap_records,
+                        "cap_bytes": cfg.cap_bytes,
+                        "head_seq": t.head_seq,
+                        "earliest_seq": t.earliest_seq,
+                    },
+                )
+        quota = self.limits.max_total_bytes
+        if quota and self.totals.bytes + nbytes > quota:
+            raise throttled("max_total_bytes", quota)
+
+    def _dedupe_lookup(self, t: Topic, key: str, now: int) -> dict[str, Any] | None:
+        window = t.config.idempotency_window_ms
+        if t.dedupe:
+            stale = [k for k, e in t.dedupe.items() if now - e.created_ms > window]
+            for k in stale:
+                del t.dedupe[k]
+        e = t.dedupe.get(key)
+        if e is None:
+            return None
+        return {
+            "topic": t.name,
+            "first_seq": e.seqs[0],
+            "last_seq": e.seqs[-1],
+            "seqs": list(e.seqs),
+            "head_seq": e.head_seq,
+            "count": len(e.seqs),
+            "created": False,
+            "deduped": True,
+        }
+
+    def _after_publish(self, pw: PendingWrite) -> None:
+        t = pw.topic
+        if pw.idempotency_key is not None:
+            t.dedupe_pending.pop(pw.idempotency_key, None)
+            if pw.ok and t.alive:
+                t.dedupe[pw.idempotency_key] = DedupeEntry(
+                    list(range(pw.first_seq, pw.last_seq + 1)), pw.head_after, pw.ts
+                )
+        if pw.ok and t.alive:
+            # discard:"old" eviction after publish (API §4 step 6).
+            t.apply_retention(self.clock.now_ms())
+            self.on_published(t)
+
+    def write_result(self, pw: PendingWrite, return_seqs: bool = True) -> dict[str, Any]:
+        """The ack body for a published batch (API §4); `500 internal` if its commit failed."""
+        if not pw.ok:
+            raise TopicsError(500, "internal", "the write could not be committed to the log")
+        out: dict[str, Any] = {
+            "topic": pw.topic.name,
+            "first_seq": pw.first_seq,
+            "last_seq": pw.last_seq,
+        }
+        if return_seqs:
+            out["seqs"] = list(range(pw.first_seq, pw.last_seq + 1))
+        out["head_seq"] = pw.head_after
+        out["count"] = len(pw.records)
+        out["created"] = pw.created
+        out["deduped"] = False
+        return out
+
+    def replay_result(self, pw: PendingWrite) -> dict[str, Any]:
+        """A same-key writer that waited on `pw` gets the dedupe replay of it."""
+        if not pw.ok:
+            raise TopicsError(500, "internal", "the write could not be committed to the log")
+        return {
+            "topic": pw.topic.name,
+            "first_seq": pw.first_seq,
+            "last_seq": pw.last_seq,
+            "seqs": list(range(pw.first_seq, pw.last_seq + 1)),
+            "head_seq": pw.head_after,
+            "count": len(pw.records),
+            "created": False,
+            "deduped": True,
+        }
+
+    def append_derived(self, t: Topic, records: list[NewRecord]) -> PendingWrite:
+        """Append copies that are derived, not logged (router forwarding, SEMANTICS §12.2)."""
+        pw = t.stage(records, self.clock.now_ms(), None)
+        t.complete(pw, True)
+        t.apply_retention(self.clock.now_ms())
+        self.on_published(t)
+        return pw
+
+    def append_logged(self, t: Topic, records: list[NewRecord]) -> PendingWrite:
+        """An internal durable append (dead-letter copies) through the normal path."""
+        pw = t.stage(records, self.clock.now_ms(), None)
+        pw.waiters.append(lambda: self._after_publish(pw))
+        self.journal.submit_write(pw)
+        return pw
+
+    # ------------------------------------------------------------- read path
+
+    def parse_diff(self, body: Any) -> DiffParams:
+        """Validate a diff body (API §5); clamps rather than rejects oversize values."""
+        if body is None:
+            body = {}
+        if not isinstance(body, dict):
+            raise bad_request("diff body must be a JSON object")
+        return DiffParams(
+            from_seq=u64(body, "from_seq", 0),
+            limit=norm_limit(u64(body, "limit", 0), self.limits.max_limit),
+            nodes=node_set(body),
+            include_tags=boolean(body, "include_tags", False),
+            include_meta=boolean(body, "include_meta", True),
+            wait_ms=min(u64(body, "wait_ms", 0), MAX_WAIT_MS),
+            budget=norm_budget(u64(body, "max_batch_bytes", 0)),
+        )
+
+    def diff(self, name: str, p: DiffParams) -> tuple[Topic, ReadResult]:
+        """One diff pass (SEMANTICS §6) on `name`; `404` when absent."""
+        t = self.require(name)
+        now = self.prepare_read(t)
+        r = t.read(
+            p.from_seq,
+            p.limit,
+            p.budget,
+            now=now,
+            nodes=p.nodes,
+            include_tags=p.include_tags,
+            include_meta=p.include_meta,
+        )
+        return t, r
+
+    # ----------------------------------------------------------- record delete
+
+    def delete_records(self, name: str, body: Any) -> dict[str, Any]:
+        """`POST /v0/topics/:t/delete` (API §6, SEMANTICS §8): permanent, silent, point-in-time."""
+        if not isinstance(body, dict):
+            raise bad_request("delete body must be a JSON object")
+        before = opt_u64(body, "before_seq")
+        pred = predicate(body["match"]) if body.get("match") is not None else None
+        if before is None and pred is None:
+            raise bad_request("delete needs before_seq and/or match")
+        t = self.require(name)
+        self.drain_into(t)
+        t.apply_retention(self.clock.now_ms())
+        bound = t.head_seq + 1
+        b = bound if before is None else min(before, bound)
+        self.journal.records_deleted(t, before, pred, bound)
+        if pred is not None:
+            kind, value = pred
+            victims = t.tags.eq(value, b) if kind == "eq" else t.tags.prefix(value, b)
+            deleted = t.delete_seqs(victims)
+        else:
+            deleted = t.delete_range(b)
+            t.delete_below = max(t.delete_below, b)
+        if deleted:
+            t.notify()
+        return {
+            "topic": t.name,
+            "deleted": deleted,
+            "earliest_seq": t.earliest_seq,
+            "head_seq": t.head_seq,
+            "count": t.live_count,
+            "bytes": t.live_bytes,
+        }

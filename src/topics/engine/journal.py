@@ -1,0 +1,58 @@
+"""What the engine needs from durable storage: the journal seam.
+
+The engine hands every mutation to a :class:`Journal` before (or, for staged
+writes, instead of) making it visible. :class:`MemoryJournal` is the in-memory
+implementation: it commits every staged write at once and keeps nothing. The
+WAL-backed journal (sharded, group-committed, SEMANTICS §14) implements the same
+protocol and completes writes from its writer threads through the event loop.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from topics.engine.params import Predicate
+    from topics.engine.topic import PendingWrite, Topic
+    from topics.engine.topic_config import TopicConfig
+
+__all__ = ["Journal", "MemoryJournal"]
+
+
+class Journal(Protocol):
+    """Durable log of engine mutations (the WAL, or nothing for memory mode)."""
+
+    def submit_write(self, pw: PendingWrite) -> None:
+        """Log a staged batch; call `pw.topic.complete(pw, ok)` once committed."""
+        ...
+
+    def topic_created(self, t: Topic) -> None: ...
+
+    def config_updated(self, t: Topic, cfg: TopicConfig) -> None: ...
+
+    def topic_deleted(self, t: Topic) -> None: ...
+
+    def records_deleted(
+        self, t: Topic, before_seq: int | None, pred: Predicate | None, bound: int
+    ) -> None: ...
+
+
+class MemoryJournal:
+    """No durability: every staged write commits immediately."""
+
+    def submit_write(self, pw: PendingWrite) -> None:
+        pw.topic.complete(pw, True)
+
+    def topic_created(self, t: Topic) -> None:
+        pass
+
+    def config_updated(self, t: Topic, cfg: TopicConfig) -> None:
+        pass
+
+    def topic_deleted(self, t: Topic) -> None:
+        pass
+
+    def records_deleted(
+        self, t: Topic, before_seq: int | None, pred: Predicate | None, bound: int
+    ) -> None:
+        pass

@@ -1,0 +1,595 @@
+"""One topic instance: seqs, floors, retention, the read pipeline, deletes.
+
+Everything here is synchronous and clock-injected (the caller passes `now`).
+Definitions follow SEMANTICS §2-8:
+
+* `head_seq` - highest published seq; `next_seq` - next seq to stage. Seqs in
+  between belong to staged batches waiting for their commit point; they are
+  published strictly in seq order (a failed batch becomes deleted holes).
+* floors `l_cap`, `l_ttl`, `l_trim` (involuntary) and `delete_below`;
+  `evict_floor` / `earliest_seq` are derived from them exactly as §3.1 says.
+* the slot index keeps one slot per published seq from `base_seq` up; leading
+  dead slots are popped (lazy front reclaim).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+from topics.engine.index import DELETED, F_HAS_NODE, F_HAS_TAG, LOC_MEMORY, SLOT_DTYPE, SlotIndex
+from topics.engine.records import NewRecord, Payload, default_frag, render
+from topics.engine.tags import TagIndex
+from topics.engine.topic_config import TopicConfig
+
+__all__ = ["Topic", "Totals", "NodeInterner", "PendingWrite", "ReadResult", "Tombstone"]
+
+READ_CHUNK = 2048
+
+
+class Totals:
+    """Instance-wide live counters shared by every topic (global byte quota, metrics)."""
+
+    __slots__ = ("records", "bytes")
+
+    def __init__(self) -> None:
+        self.records = 0
+        self.bytes = 0
+
+
+class NodeInterner:
+    """Maps node strings to small ints (0 = no node) for vectorised node filtering."""
+
+    __slots__ = ("_ids",)
+
+    def __init__(self) -> None:
+        self._ids: dict[str, int] = {}
+
+    def intern(self, node: str | None) -> int:
+        if node is None:
+            return 0
+        i = self._ids.get(node)
+        if i is None:
+            i = len(self._ids) + 1
+            self._ids[node] = i
+        return i
+
+    def lookup(self, node: str) -> int:
+        """Id of `node`, or 0 when no record ever carried it."""
+        return self._ids.get(node, 0)
+
+
+@dataclass(slots=True)
+class Tombstone:
+    """An involuntary-loss signal (SEMANTICS §7)."""
+
+    gap_from: int
+    gap_to: int
+    reason: str
+    missed_estimate: int
+    earliest_seq: int
+    head_seq: int
+
+    def to_wire(self, *, with_estimate: bool = True) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "gap_from": self.gap_from,
+            "gap_to": self.gap_to,
+            "reason": self.reason,
+        }
+        if with_estimate:
+            d["missed_estimate"] = self.missed_estimate
+        d["earliest_seq"] = self.earliest_seq
+        d["head_seq"] = self.head_seq
+        return d
+
+
+@dataclass(slots=True)
+class ReadResult:
+    """Outcome of one pass of the read pipeline (SEMANTICS §6)."""
+
+    records: list[bytes]
+    next_from_seq: int
+    head_seq: int
+    earliest_seq: int
+    tombstone: Tombstone | None
+    scanned: int
+    seqs: list[int] = field(default_factory=list)
+
+    @property
+    def caught_up(self) -> bool:
+        return self.next_from_seq == self.head_seq
+
+    @property
+    def lag(self) -> int:
+        return self.head_seq - self.next_from_seq
+
+
+@dataclass(slots=True, eq=False)
+class PendingWrite:
+    """A staged batch: seqs assigned, waiting for its commit point to publish."""
+
+    topic: Topic
+    first_seq: int
+    records: list[NewRecord]
+    ts: int
+    idempotency_key: str | None = None
+    created: bool = False
+    done: bool = False
+    ok: bool = False
+    published: bool = False
+    head_after: int = 0
+    waiters: list[Callable[[], None]] = field(default_factory=list)
+
+    @property
+    def last_seq(self) -> int:
+        return self.first_seq + len(self.records) - 1
+
+
+@dataclass(slots=True)
+class DedupeEntry:
+    seqs: list[int]
+    head_seq: int
+    created_ms: int
+
+
+class Topic:
+    """State of one topic instance (SEMANTICS §1.1)."""
+
+    def __init__(
+        self,
+        name: str,
+        topic_id: int,
+        config: TopicConfig,
+        now_ms: int,
+        totals: Totals,
+        nodes: NodeInterner,
+    ) -> None:
+        self.name = name
+        self.name_json = orjson.dumps(name)
+        self.topic_id = topic_id
+        self.epoch = 1
+        self.config = config
+        self.created_ms = now_ms
+        self.index = SlotIndex(1)
+        self.head_seq = 0
+        self.next_seq = 1
+        self.last_ts = 0
+        self.l_cap = 0
+        self.l_ttl = 0
+        self.l_trim = 0
+        self.delete_below = 0
+        self.live_count = 0
+        self.live_bytes = 0
+        self.pending_count = 0
+        self.pending_bytes = 0
+        self.last_write_ms: int | None = None
+        self.last_read_ms: int | None = None
+        self.last_consumed_ms: int | None = None
+        self.tags = TagIndex()
+        self.dedupe: dict[str, DedupeEntry] = {}
+        self.dedupe_pending: dict[str, PendingWrite] = {}
+        self.pending: deque[PendingWrite] = deque()
+        self.listeners: set[Callable[[Topic], None]] = set()
+        self.router_keys: dict[str, int] = {}
+        self.queue: Any = None  # QueueState for queue topics (engine.queues)
+        self.alive = True
+        self._totals = totals
+        self._nodes = nodes
+
+    # ---------------------------------------------------------------- floors
+
+    @property
+    def base_seq(self) -> int:
+        return self.index.base_seq
+
+    @property
+    def evict_floor(self) -> int:
+        """First seq above involuntary loss: clamp(max(L_cap, L_ttl, L_trim) + 1, 1, head + 1)."""
+        f = max(self.l_cap, self.l_ttl, self.l_trim) + 1
+        return min(max(f, 1), self.head_seq + 1)
+
+    @property
+    def earliest_seq(self) -> int:
+        """First live seq, or head + 1 when nothing is live (SEMANTICS §3.1)."""
+        l_del = max(self.delete_below - 1, 0)
+        f = max(max(self.l_cap, self.l_ttl, self.l_trim, l_del) + 1, 1, self.index.base_seq)
+        return min(f, self.head_seq + 1)
+
+    def reason_for(self, g: int) -> str:
+        """Tombstone reason for a gap starting at `g` (SEMANTICS §7.2)."""
+        cap = self.l_cap > 0 and self.l_cap >= g
+        ttl = self.l_ttl > 0 and self.l_ttl >= g
+        if cap and ttl:
+            return "mixed"
+        if cap:
+            return "cap"
+        if ttl:
+            return "ttl"
+        if self.l_trim >= g > 0:
+            return "source_trim"
+        return "cap"
+
+    def notify(self) -> None:
+        """Wake everything waiting on this topic (long-polls, SSE, WS, /work)."""
+        for cb in list(self.listeners):
+            cb(self)
+
+    # ------------------------------------------------------------- accounting
+
+    def _sub_live(self, count: int, nbytes: int) -> None:
+        self.live_count -= count
+        self.live_bytes -= nbytes
+        self._totals.records -= count
+        self._totals.bytes -= nbytes
+
+    def _add_live(self, count: int, nbytes: int) -> None:
+        self.live_count += count
+        self.live_bytes += nbytes
+        self._totals.records += count
+        self._totals.bytes += nbytes
+
+    # -------------------------------------------------------------- retention
+
+    def apply_retention(self, now: int) -> bool:
+        """Advance TTL/cap floors against `now` and reclaim; True if a floor moved.
+
+        SEMANTICS §5.2: TTL expires the maximal prefix with `now - ts > ttl_ms`;
+        `cap_records` is a seq window (`head - cap`); `cap_bytes` walks the oldest
+        live bytes until the excess is gone.
+        """
+        cfg = self.config
+        moved = False
+        idx = self.index
+        if cfg.ttl_ms > 0 and len(idx):
+            cutoff = now - cfg.ttl_ms  # expired iff ts < cutoff
+            if cutoff > 0:
+                k = int(np.searchsorted(idx.view()["ts"], cutoff, side="left"))
+                if k:
+                    last = idx.base_seq + k - 1
+                    if last > self.l_ttl:
+                        self.l_ttl = last
+                        moved = True
+        if cfg.cap_records > 0 and self.head_seq > cfg.cap_records:
+            floor = self.head_seq - cfg.cap_records
+            if floor > self.l_cap:
+                self.l_cap = floor
+                moved = True
+        if moved:
+            self._evict_to(max(self.l_cap, self.l_ttl, self.l_trim))
+        if cfg.cap_bytes > 0 and self.live_bytes > cfg.cap_bytes:
+            excess = self.live_bytes - cfg.cap_bytes
+            cs = np.cumsum(idx.view()["bytes"], dtype=np.int64)
+            i = int(np.searchsorted(cs, excess, side="left"))
+            last = idx.base_seq + min(i, len(cs) - 1)
+            if last > self.l_cap:
+                self.l_cap = last
+                moved = True
+            self._evict_to(max(self.l_cap, self.l_ttl, self.l_trim))
+        self._reclaim_front()
+        return moved
+
+    def _evict_to(self, floor: int) -> None:
+        """Remove every slot with seq <= `floor` (involuntary loss already recorded)."""
+        idx = self.index
+        k = min(floor - idx.base_seq + 1, len(idx))
+        if k <= 0:
+            return
+        w = idx.window(0, k)
+        flags = w["flags"]
+        live = flags != DELETED
+        n_live = int(np.count_nonzero(live))
+        if n_live:
+            self._sub_live(n_live, int(w["bytes"].sum(dtype=np.int64)))
+            tagged = np.flatnonzero(live & ((flags & F_HAS_TAG) != 0))
+            if len(tagged):
+                last_by_tag: dict[str, int] = {}
+                base = idx.base_seq
+                for p in tagged.tolist():
+                    pl = idx.payload(p)
+                    if pl is not None and pl.tag is not None:
+                        last_by_tag[pl.tag] = base + p
+                for tag, seq in last_by_tag.items():
+                    self.tags.remove_upto(tag, seq)
+        idx.pop_front(k)
+
+    def _reclaim_front(self) -> None:
+        """Pop leading deleted slots (lazy front reclaim, SEMANTICS §4)."""
+        idx = self.index
+        n = len(idx)
+        if not n:
+            return
+        flags = idx.view()["flags"]
+        if flags[0] != DELETED:
+            return
+        alive = np.flatnonzero(flags != DELETED)
+        idx.pop_front(int(alive[0]) if len(alive) else n)
+
+    # ------------------------------------------------------------ write path
+
+    def stage(self, records: list[NewRecord], now: int, key: str | None) -> PendingWrite:
+        """Assign contiguous seqs and a non-decreasing ts to a batch (not yet visible)."""
+        ts = max(now, self.last_ts)
+        self.last_ts = ts
+        pw = PendingWrite(self, self.next_seq, records, ts, key)
+        self.next_seq += len(records)
+        self.pending_count += len(records)
+        self.pending_bytes += sum(r.nbytes for r in records)
+        self.pending.append(pw)
+        return pw
+
+    def complete(self, pw: PendingWrite, ok: bool) -> None:
+        """Mark a staged batch committed (or failed) and publish in seq order."""
+        pw.done = True
+        pw.ok = ok
+        published = False
+        while self.pending and self.pending[0].done:
+            p = self.pending.popleft()
+            self.pending_count -= len(p.records)
+            self.pending_bytes -= sum(r.nbytes for r in p.records)
+            if p.ok:
+                self._publish(p)
+            else:
+                self._append_holes(len(p.records), p.ts)
+            p.published = True
+            p.head_after = self.head_seq
+            published = True
+            for cb in p.waiters:
+                cb()
+            p.waiters.clear()
+        if published:
+            self.notify()
+
+    def _publish(self, p: PendingWrite) -> None:
+        recs = p.records
+        n = len(recs)
+        seq0 = p.first_seq
+        ts = p.ts
+        intern = self._nodes.intern
+        rows = np.zeros(n, SLOT_DTYPE)
+        payloads: list[Payload] = []
+        flags_l: list[int] = []
+        hops_l: list[int] = []
+        bytes_l: list[int] = []
+        node_l: list[int] = []
+        total = 0
+        tags = self.tags
+        for i, r in enumerate(recs):
+            seq = seq0 + i
+            f = 0
+            if r.tag is not None:
+                f |= F_HAS_TAG
+                tags.add(r.tag, seq)
+            if r.node is not None:
+                f |= F_HAS_NODE
+            flags_l.append(f)
+            hops_l.append(r.hops)
+            bytes_l.append(r.nbytes)
+            node_l.append(intern(r.node))
+            total += r.nbytes
+            payloads.append(
+                Payload(r.node, r.tag, r.data, r.meta, default_frag(seq, ts, r.node, r.data, r.meta))
+            )
+        rows["ts"] = ts
+        rows["flags"] = flags_l
+        rows["hops"] = hops_l
+        rows["loc"] = LOC_MEMORY
+        rows["bytes"] = bytes_l
+        rows["node"] = node_l
+        self.index.append_rows(rows, payloads)
+        self.head_seq = p.last_seq
+        self._add_live(n, total)
+        self.last_write_ms = ts
+
+    def _append_holes(self, n: int, ts: int) -> None:
+        rows = np.zeros(n, SLOT_DTYPE)
+        rows["ts"] = ts
+        rows["flags"] = DELETED
+        rows["loc"] = LOC_MEMORY
+        self.index.append_rows(rows, [None] * n)
+        self.head_seq += n
+        self._reclaim_front()
+
+    def append_holes(self, n: int, ts: int) -> None:
+        """Publish `n` deleted holes at once (router source trim, recovery padding)."""
+        if n <= 0:
+            return
+        self.next_seq = max(self.next_seq, self.head_seq + n + 1)
+        self._append_holes(n, max(ts, self.last_ts))
+        self.last_ts = max(ts, self.last_ts)
+
+    # ------------------------------------------------------------- read path
+
+    def read(
+        self,
+        from_seq: int,
+        limit: int,
+        budget: int,
+        *,
+        now: int,
+        nodes: list[str] | None = None,
+        include_tags: bool = False,
+        include_meta: bool = True,
+        include_data: bool = True,
+    ) -> ReadResult:
+        """One pass of the read pipeline of SEMANTICS §6 (retention applied by the caller).
+
+        `limit` bounds delivered records (>= 1), `budget` the payload bytes (at least
+        one record is always delivered when any is deliverable). Skipped slots
+        (expired, deleted, own-node) advance the cursor; a budget stop does not step
+        over the record that did not fit.
+        """
+        H = self.head_seq
+        E = self.earliest_seq
+        F = self.evict_floor
+        tomb: Tombstone | None = None
+        cur = from_seq
+        if from_seq > H:
+            tomb = Tombstone(1, H, "recreated", max(H, 1), E, H)
+            cur = E - 1
+        elif from_seq + 1 < F:
+            tomb = Tombstone(
+                from_seq + 1, F - 1, self.reason_for(from_seq + 1), F - 1 - from_seq, F, H
+            )
+            cur = max(E - 1, from_seq)
+        idx = self.index
+        base = idx.base_seq
+        nxt = cur
+        if cur + 1 < base:
+            # Seqs below base_seq have no slot: the cursor passes them unexamined.
+            nxt = min(base - 1, H)
+        node_ids: np.ndarray[Any, Any] | None = None
+        if nodes and self.config.dedupe_node:
+            ids = [self._nodes.lookup(n) for n in nodes]
+            ids = [i for i in ids if i]
+            if ids:
+                node_ids = np.array(ids, dtype=np.uint32)
+        cutoff = now - self.config.ttl_ms if self.config.ttl_ms > 0 else None
+        out: list[bytes] = []
+        seqs: list[int] = []
+        used = 0
+        scanned = 0
+        fast = include_meta and not include_tags and include_data
+        while len(out) < limit and nxt < H:
+            pos = nxt + 1 - base
+            count = min(H - nxt, READ_CHUNK)
+            w = idx.window(pos, count)
+            flags = w["flags"]
+            skip = flags == DELETED
+            if cutoff is not None and cutoff > 0:
+                skip |= w["ts"] < cutoff
+            if node_ids is not None:
+                skip |= np.isin(w["node"], node_ids)
+            deliver = np.flatnonzero(~skip)
+            want = limit - len(out)
+            stop_pos = count - 1  # last examined position in this chunk
+            stopped = False
+            if len(deliver):
+                b = w["bytes"][deliver].astype(np.int64)
+                cs = np.cumsum(b) + used
+                fit = int(np.searchsorted(cs, budget, side="right"))
+                if not out and fit == 0:
+                    fit = 1  # a single oversized record cannot wedge the cursor
+                take = min(want, fit)
+                if take == want:
+                    # Limit reached: the loop ends right after the last delivered record.
+                    stopped = True
+                    stop_pos = int(deliver[take - 1])
+                elif take < len(deliver):
+                    # Budget stop: examined up to the slot before the blocked record.
+                    stopped = True
+                    stop_pos = int(deliver[take]) - 1
+                if take:
+                    chosen = deliver[:take].tolist()
+                    used = int(cs[take - 1])
+                    pls = idx.payload_slice(pos, count)
+                    s0 = nxt + 1
+                    if fast:
+                        for p in chosen:
+                            out.append(pls[p].frag)
+                            seqs.append(s0 + p)
+                    else:
+                        tss = w["ts"]
+                        for p in chosen:
+                            out.append(
+                                render(
+                                    s0 + p,
+                                    int(tss[p]),
+                                    pls[p],
+                                    include_tags=include_tags,
+                                    include_meta=include_meta,
+                                    include_data=include_data,
+                                )
+                            )
+                            seqs.append(s0 + p)
+            scanned += stop_pos + 1
+            nxt = nxt + stop_pos + 1
+            if stopped:
+                break
+        return ReadResult(out, nxt, H, E, tomb, scanned, seqs)
+
+    # ---------------------------------------------------------------- lookup
+
+    def slot_live(self, seq: int) -> bool:
+        """True if `seq` is published, retained and not deleted."""
+        idx = self.index
+        p = seq - idx.base_seq
+        if p < 0 or p >= len(idx) or seq < self.earliest_seq:
+            return False
+        return bool(idx.window(p, 1)["flags"][0] != DELETED)
+
+    def get_record(self, seq: int) -> tuple[int, int, Payload] | None:
+        """(ts, hops, payload) of a live seq, or None."""
+        if not self.slot_live(seq):
+            return None
+        idx = self.index
+        p = seq - idx.base_seq
+        row = idx.window(p, 1)[0]
+        return int(row["ts"]), int(row["hops"]), idx.payload(p)
+
+    # ---------------------------------------------------------------- delete
+
+    def delete_seqs(self, seqs: list[int]) -> int:
+        """Permanently delete the given live seqs; returns how many were live."""
+        idx = self.index
+        base = idx.base_seq
+        n = len(idx)
+        count = 0
+        nbytes = 0
+        arr = idx.view()
+        for s in seqs:
+            p = s - base
+            if p < 0 or p >= n:
+                continue
+            if arr["flags"][p] == DELETED:
+                continue
+            count += 1
+            nbytes += int(arr["bytes"][p])
+            pl = idx.payload(p)
+            if pl is not None and pl.tag is not None:
+                self.tags.remove(pl.tag, s)
+            arr["flags"][p] = DELETED
+            arr["bytes"][p] = 0
+            idx.set_payload(p, None)
+        if count:
+            self._sub_live(count, nbytes)
+            self._reclaim_front()
+        return count
+
+    def delete_range(self, upto: int) -> int:
+        """Delete every live seq < `upto` (a `before_seq`-only delete)."""
+        idx = self.index
+        k = min(upto - idx.base_seq, len(idx))
+        if k <= 0:
+            return 0
+        w = idx.window(0, k)
+        flags = w["flags"]
+        live = flags != DELETED
+        count = int(np.count_nonzero(live))
+        if count:
+            nbytes = int(w["bytes"].sum(dtype=np.int64))
+            tagged = np.flatnonzero(live & ((flags & F_HAS_TAG) != 0))
+            base = idx.base_seq
+            last_by_tag: dict[str, int] = {}
+            for p in tagged.tolist():
+                pl = idx.payload(p)
+                if pl is not None and pl.tag is not None:
+                    last_by_tag[pl.tag] = base + p
+            for tag, seq in last_by_tag.items():
+                self.tags.remove_upto(tag, seq)
+            self._sub_live(count, nbytes)
+        idx.pop_front(k)
+        return count
+
+    def drop_all(self) -> None:
+        """Release everything held by this instance (topic delete)."""
+        self._sub_live(self.live_count, self.live_bytes)
+        self.index.clear_to(self.head_seq + 1)
+        self.tags.clear()
+        self.dedupe.clear()
+        self.router_keys.clear()
+        self.alive = False

@@ -1,0 +1,64 @@
+"""The one error type the engine raises and the HTTP shell renders.
+
+A :class:`TopicsError` carries the stable `code` discriminator, the HTTP status,
+a free-text message and an optional `detail` object, exactly the canonical body
+of API §1.7::
+
+    {"error": {"code": "...", "message": "...", "detail": {...}}}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["TopicsError", "bad_request", "not_found_topic", "throttled"]
+
+
+class TopicsError(Exception):
+    """A request-level failure with its wire code and status (API §1.7)."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        detail: dict[str, Any] | None = None,
+        *,
+        retry_after: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.detail = detail
+        # 429 and 503 always carry Retry-After (API §1.7); the original uses 1 s.
+        if retry_after is None and status in (429, 503):
+            retry_after = 1
+        self.retry_after = retry_after
+
+    def body(self) -> dict[str, Any]:
+        """The canonical error envelope as a JSON-ready dict."""
+        err: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.detail is not None:
+            err["detail"] = self.detail
+        return {"error": err}
+
+    def __repr__(self) -> str:
+        return f"TopicsError({self.status}, {self.code!r}, {self.message!r})"
+
+
+def bad_request(message: str, detail: dict[str, Any] | None = None) -> TopicsError:
+    """`400 invalid_request` with the given message."""
+    return TopicsError(400, "invalid_request", message, detail)
+
+
+def not_found_topic(name: str) -> TopicsError:
+    """`404 topic_not_found` for `name`."""
+    return TopicsError(404, "topic_not_found", f'topic "{name}" does not exist', {"topic": name})
+
+
+def throttled(limit: str, maximum: int) -> TopicsError:
+    """`429 throttled` for a resource cap, `detail {"limit", "max"}` (API §12)."""
+    return TopicsError(
+        429, "throttled", f"limit {limit} reached (max {maximum})", {"limit": limit, "max": maximum}
+    )
