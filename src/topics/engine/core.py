@@ -39,7 +39,7 @@ from topics.engine.topic import (
 from topics.engine.topic_config import TopicConfig, parse_topic_config
 from topics.errors import TopicsError, bad_request, not_found_topic, throttled
 
-__all__ = ["Engine", "WriteRequest", "DiffParams", "encode_cursor", "decode_cursor"]
+__all__ = ["Engine", "WriteRequest", "DiffParams", "Replay", "encode_cursor", "decode_cursor"]
 
 DEFAULT_LIMIT = 256
 DEFAULT_BUDGET = 1_048_576
@@ -84,6 +84,13 @@ class WriteRequest:
     create: bool | None
     config: Any
     has_config: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """A same-key write is in flight: wait for `pending` to publish, then replay it."""
+
+    pending: PendingWrite
 
 
 @dataclass(slots=True)
@@ -336,11 +343,14 @@ class Engine:
         boolean(body, "disable_backpressure", False)
         return WriteRequest(records, key or None, create, body.get("config"), has_config)
 
-    def begin_write(self, name: str, req: WriteRequest) -> PendingWrite | dict[str, Any]:
+    def begin_write(
+        self, name: str, req: WriteRequest
+    ) -> PendingWrite | Replay | dict[str, Any]:
         """Resolve, dedupe, admit and stage a write (API §4 admission order).
 
-        Returns a replay result dict for an in-window idempotent repeat, else the
-        staged :class:`PendingWrite` (already published when the journal commits
+        Returns a replay result dict for an in-window idempotent repeat, a
+        :class:`Replay` when a same-key write is still committing, else the staged
+        :class:`PendingWrite` (already published when the journal commits
         synchronously). Raises 400/404/422/429 without changing anything.
         """
         now = self.clock.now_ms()
@@ -363,7 +373,7 @@ class Engine:
                 return hit
             inflight = t.dedupe_pending.get(key)
             if inflight is not None:
-                return inflight  # the caller waits for it, then replays
+                return Replay(inflight)
         if not created:
             self.drain_into(t)
             t.apply_retention(now)

@@ -123,6 +123,7 @@ class PendingWrite:
     ok: bool = False
     published: bool = False
     head_after: int = 0
+    fsync_ms: float = 0.0  # measured by the journal for fsync-class commits
     waiters: list[Callable[[], None]] = field(default_factory=list)
 
     @property

@@ -1,13 +1,13 @@
 """Serve the ASGI app over HTTP/1.1, WebSocket and cleartext HTTP/2 on one port.
 
-uvicorn (uvloop + httptools) handles HTTP/1.1 and WebSocket upgrades; it is the
-fastest stack measured for single-connection latency.  uvicorn has no usable
-HTTP/2, so :class:`AutoProtocol` sniffs the first bytes of every connection:
-the HTTP/2 connection preface (prior-knowledge "h2c", no Upgrade dance) hands
-the connection to :class:`H2Protocol`, a small ``h2``-based HTTP/2 -> ASGI
-bridge; anything else goes to uvicorn's own HTTP/1.1 protocol.  Either way the
-chosen protocol replaces the sniffer with ``transport.set_protocol`` so there
-is no per-call delegation afterwards.
+uvicorn (uvloop + httptools) handles HTTP/1.1 and WebSocket upgrades: it is the
+fastest stack measured for single-connection latency, but it has no usable
+HTTP/2.  :class:`AutoProtocol` therefore sniffs the first bytes of every
+connection: the HTTP/2 connection preface (prior-knowledge "h2c", no Upgrade)
+hands the connection to :class:`H2Protocol`, a small ``h2``-based HTTP/2 ->
+ASGI bridge; anything else goes to uvicorn's own HTTP/1.1 protocol.  Either way
+the chosen protocol replaces the sniffer via ``transport.set_protocol``, so
+there is no per-call delegation afterwards.
 
 :func:`start_server` runs uvicorn inside the *current* event loop (the engine
 lives there too) and returns a :class:`ServerHandle` with the bound port and an
@@ -24,44 +24,43 @@ from urllib.parse import unquote
 
 import h2.config
 import h2.connection
-import h2.events
+import h2.events as ev
 import h2.exceptions
 import h2.settings
 import uvicorn
 import uvicorn.config
 from h2.errors import ErrorCodes
-from hyperframe.frame import GoAwayFrame
 from uvicorn.protocols.utils import get_local_addr, get_remote_addr
 from uvicorn.server import ServerState
 
 try:
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _Http1Protocol
-except ImportError:  # pragma: no cover - httptools is a hard dependency
-    from uvicorn.protocols.http.h11_impl import H11Protocol as _Http1Protocol  # type: ignore[assignment]
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as Http1Protocol
+except ImportError:  # pragma: no cover - httptools is a declared dependency
+    from uvicorn.protocols.http.h11_impl import H11Protocol as Http1Protocol  # type: ignore[assignment]
 
 __all__ = ["AutoProtocol", "H2Protocol", "ServerHandle", "build_config", "start_server"]
 
 logger = logging.getLogger("uvicorn.error")
 
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-# RFC 9113 8.2.2: connection-specific headers must not appear in HTTP/2.
+# RFC 9113 8.2.2: connection-specific headers must not appear in HTTP/2 messages.
 HOP_BY_HOP = frozenset(
     {b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"}
 )
-STREAM_WINDOW = 256 * 1024  # per-stream receive window we advertise
-CONNECTION_WINDOW = 1024 * 1024  # connection-level receive window
+STREAM_WINDOW = 256 * 1024  # receive window we grant each stream (bounds per-stream buffering)
+CONNECTION_WINDOW = 1024 * 1024  # receive window for the whole connection
 MAX_CONCURRENT_STREAMS = 128
-SHUTDOWN_GRACE = 5.0  # seconds in-flight h2 streams get after GOAWAY (if no graceful timeout)
-_500_HEADERS = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", b"21")]
+SHUTDOWN_GRACE = 5.0  # seconds in-flight h2 streams get on shutdown if no graceful timeout is set
+_500_START = {
+    "type": "http.response.start",
+    "status": 500,
+    "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", b"21")],
+}
+_500_BODY = {"type": "http.response.body", "body": b"Internal Server Error"}
 
 
-class AutoProtocol(asyncio.Protocol):
-    """Per-connection sniffer: HTTP/2 preface -> :class:`H2Protocol`, else uvicorn HTTP/1.1.
-
-    Constructed by uvicorn exactly like its own protocols:
-    ``AutoProtocol(config=..., server_state=..., app_state=..., _loop=...)``.
-    Cleartext only (no TLS/ALPN).
-    """
+class _Connection(asyncio.Protocol):
+    """What our protocols share: uvicorn's constructor and a one-shot timer."""
 
     def __init__(
         self,
@@ -76,50 +75,51 @@ class AutoProtocol(asyncio.Protocol):
         self.server_state = server_state
         self.app_state = app_state
         self.loop = _loop or asyncio.get_event_loop()
-        self.transport: asyncio.Transport | None = None
-        self.buffer = b""
+        self.transport: Any = None  # uvloop transports are not asyncio.Transport subclasses
         self.timer: asyncio.TimerHandle | None = None
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+    def _set_timer(self, delay: float | None, callback: Any) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = None if delay is None else self.loop.call_later(delay, callback)
+
+
+class AutoProtocol(_Connection):
+    """Per-connection sniffer: HTTP/2 preface -> :class:`H2Protocol`, else uvicorn HTTP/1.1.
+
+    uvicorn builds it like its own protocols:
+    ``AutoProtocol(config=config, server_state=server_state, app_state=app_state, _loop=loop)``.
+    Cleartext only (no TLS / ALPN).
+    """
+
+    buffer = b""
+
+    def connection_made(self, transport: Any) -> None:
         self.transport = transport
         self.server_state.connections.add(self)  # type: ignore[arg-type]
-        self.timer = self.loop.call_later(self.config.timeout_keep_alive, transport.close)
+        self._set_timer(self.config.timeout_keep_alive, transport.close)
 
     def data_received(self, data: bytes) -> None:
         buf = self.buffer + data
         if len(buf) < len(H2_PREFACE) and H2_PREFACE.startswith(buf):
-            self.buffer = buf  # could still be the h2 preface: wait for more
+            self.buffer = buf  # may still become the h2 preface: wait for more bytes
             return
-        self._forget()
-        cls = H2Protocol if buf.startswith(H2_PREFACE) else _Http1Protocol
-        proto = cls(  # type: ignore[call-arg]
-            config=self.config,
-            server_state=self.server_state,
-            app_state=self.app_state,
-            _loop=self.loop,
-        )
-        transport = self.transport
-        assert transport is not None
-        # Swap first: the HTTP/1.1 protocol may itself swap in a WebSocket protocol
-        # while handling the bytes below, and that must win.
-        transport.set_protocol(proto)
-        proto.connection_made(transport)
+        self.connection_lost(None)  # forget the sniffer; the real protocol registers itself
+        cls = H2Protocol if buf.startswith(H2_PREFACE) else Http1Protocol
+        proto = cls(self.config, self.server_state, self.app_state, self.loop)
+        # Swap *before* feeding: the HTTP/1.1 protocol may swap in a WebSocket
+        # protocol while handling these bytes, and that one must win.
+        self.transport.set_protocol(proto)
+        proto.connection_made(self.transport)
         proto.data_received(buf)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._forget()
+        self.server_state.connections.discard(self)  # type: ignore[arg-type]
+        self._set_timer(None, None)
 
     def shutdown(self) -> None:
-        """Called by uvicorn on graceful shutdown: nothing in flight yet, just close."""
-        if self.transport is not None:
-            self.transport.close()
-
-    def _forget(self) -> None:
-        self.server_state.connections.discard(self)  # type: ignore[arg-type]
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        """Graceful shutdown (called by uvicorn): nothing is in flight yet, just close."""
+        self.transport.close()
 
 
 def _wake(fut: asyncio.Future[None] | None) -> None:
@@ -128,21 +128,17 @@ def _wake(fut: asyncio.Future[None] | None) -> None:
 
 
 class _Stream:
-    """One HTTP/2 request/response exchange, exposed to the app as ASGI receive/send."""
+    """One HTTP/2 request/response exchange, seen by the app as ASGI ``receive``/``send``."""
 
-    def __init__(self, proto: H2Protocol, stream_id: int, scope: dict[str, Any]) -> None:
-        self.proto = proto
-        self.sid = stream_id
-        self.scope = scope
+    def __init__(self, proto: H2Protocol, sid: int, scope: dict[str, Any]) -> None:
+        self.proto, self.sid, self.scope = proto, sid, scope
         self.chunks: list[bytes] = []
-        self.unacked = 0  # flow-controlled bytes received but not yet handed to the app
-        self.more_body = True  # client has not ended its side yet
-        self.body_done = False  # final http.request message delivered
-        self.disconnected = False
-        self.started = False
-        self.complete = False
+        self.unacked = 0  # flow-controlled bytes received but not yet consumed by the app
+        self.more_body = True  # the client has not ended its side yet
+        self.body_done = False  # the final http.request message was delivered
+        self.disconnected = self.started = self.complete = False
         self.rx: asyncio.Future[None] | None = None  # receive() waiting for data
-        self.tx: asyncio.Future[None] | None = None  # send() waiting for window
+        self.tx: asyncio.Future[None] | None = None  # send() waiting for flow-control window
 
     def disconnect(self) -> None:
         self.disconnected = True
@@ -151,185 +147,152 @@ class _Stream:
 
     async def run(self, app: Any) -> None:
         try:
-            await app(self.scope, self.receive, self.send)
-        except asyncio.CancelledError:  # e.g. graceful-shutdown timeout
-            if not self.complete:
-                self.proto.reset(self.sid, ErrorCodes.CANCEL)
-            raise
-        except Exception as exc:
-            logger.error("Exception in ASGI application\n", exc_info=exc)
-            if not self.started:
-                await self._send_500()
-            elif not self.complete:
+            try:
+                await app(self.scope, self.receive, self.send)
+            except asyncio.CancelledError:  # e.g. graceful-shutdown timeout
+                if not self.complete:
+                    self.proto.reset(self.sid, ErrorCodes.CANCEL)
+                raise
+            except Exception as exc:
+                logger.error("Exception in ASGI application\n", exc_info=exc)
+            else:
+                if self.complete or self.disconnected:
+                    return
+                verb = "completing" if self.started else "starting"
+                logger.error("ASGI callable returned without %s response.", verb)
+            if self.started:  # too late for a 500: abort just this stream
                 self.proto.reset(self.sid, ErrorCodes.INTERNAL_ERROR)
-        else:
-            if not self.started and not self.disconnected:
-                logger.error("ASGI callable returned without starting response.")
-                await self._send_500()
-            elif not self.complete and not self.disconnected:
-                logger.error("ASGI callable returned without completing response.")
-                self.proto.reset(self.sid, ErrorCodes.INTERNAL_ERROR)
+            else:
+                try:
+                    await self.send(_500_START)
+                    await self.send(_500_BODY)
+                except Exception:
+                    self.proto.reset(self.sid, ErrorCodes.INTERNAL_ERROR)
         finally:
             self.proto.stream_done(self)
 
-    async def _send_500(self) -> None:
-        try:
-            await self.send({"type": "http.response.start", "status": 500, "headers": _500_HEADERS})
-            await self.send({"type": "http.response.body", "body": b"Internal Server Error"})
-        except Exception:
-            self.proto.reset(self.sid, ErrorCodes.INTERNAL_ERROR)
-
     async def receive(self) -> dict[str, Any]:
-        """ASGI receive: request body chunks, then ``http.disconnect`` once done or gone."""
-        while True:
-            if self.disconnected or self.complete:
-                return {"type": "http.disconnect"}
+        """Request body chunks as DATA arrives, then ``http.disconnect`` once done or gone."""
+        while not (self.disconnected or self.complete):
             if self.chunks or (not self.more_body and not self.body_done):
                 body = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
                 self.chunks = []
                 self.body_done = not self.more_body
-                if self.unacked:
+                if self.unacked:  # hand the window back only once the app has the bytes
                     self.proto.ack(self.sid, self.unacked)
                     self.unacked = 0
                 return {"type": "http.request", "body": body, "more_body": self.more_body}
             self.rx = self.proto.loop.create_future()
             await self.rx
+        return {"type": "http.disconnect"}
 
     async def send(self, message: dict[str, Any]) -> None:
-        """ASGI send: headers are flushed with the first body frame (or on the next loop turn)."""
+        """Headers go out with the first body frame (or on the next loop turn); DATA at once."""
         if self.disconnected:
             return
         kind = message["type"]
+        if self.complete:
+            raise RuntimeError(
+                f"Unexpected ASGI message '{kind}' sent, after response already completed."
+            )
+        expected = "http.response.body" if self.started else "http.response.start"
+        if kind != expected:
+            raise RuntimeError(f"Expected ASGI message '{expected}', but got '{kind}'.")
         proto = self.proto
         if not self.started:
-            if kind != "http.response.start":
-                raise RuntimeError(
-                    f"Expected ASGI message 'http.response.start', but got '{kind}'."
-                )
+            self.started = True
             headers = [(b":status", b"%d" % message["status"]), *proto.server_state.default_headers]
             for name, value in message.get("headers", ()):
-                name = name.lower()
-                if name not in HOP_BY_HOP:
+                if (name := name.lower()) not in HOP_BY_HOP:
                     headers.append((name, value))
-            self.started = True
             try:
                 proto.conn.send_headers(self.sid, headers)
             except h2.exceptions.StreamClosedError:
                 self.disconnect()
-                return
             proto.schedule_flush()
-        elif not self.complete:
-            if kind != "http.response.body":
-                raise RuntimeError(f"Expected ASGI message 'http.response.body', but got '{kind}'.")
-            body = message.get("body", b"")
-            more = message.get("more_body", False)
-            if self.scope["method"] == "HEAD":
-                body = b""
-            try:
-                await proto.send_data(self, body, end=not more)
-            finally:
-                if not more:
-                    self.complete = True
-                    _wake(self.rx)
-        else:
-            raise RuntimeError(
-                f"Unexpected ASGI message '{kind}' sent, after response already completed."
-            )
+            return
+        more = message.get("more_body", False)
+        body = b"" if self.scope["method"] == "HEAD" else message.get("body", b"")
+        try:
+            await proto.send_data(self, body, end=not more)
+        finally:
+            if not more:
+                self.complete = True
+                _wake(self.rx)
 
 
-class H2Protocol(asyncio.Protocol):
-    """Cleartext HTTP/2 server connection bridging each stream to an ASGI app task.
+class H2Protocol(_Connection):
+    """One cleartext HTTP/2 server connection; every stream runs the ASGI app in its own task.
 
     Same constructor as uvicorn's protocols; normally created by :class:`AutoProtocol`
-    after it has seen the connection preface.
+    once it has seen the connection preface.
     """
 
-    def __init__(
-        self,
-        config: uvicorn.Config,
-        server_state: ServerState,
-        app_state: dict[str, Any],
-        _loop: asyncio.AbstractEventLoop | None = None,
-    ) -> None:
-        if not config.loaded:
-            config.load()
-        self.config = config
-        self.app = config.loaded_app
-        self.server_state = server_state
-        self.app_state = app_state
-        self.loop = _loop or asyncio.get_event_loop()
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.app = self.config.loaded_app
         self.conn = h2.connection.H2Connection(
             h2.config.H2Configuration(client_side=False, header_encoding=None)
         )
         self.streams: dict[int, _Stream] = {}
-        self.transport: asyncio.Transport = None  # type: ignore[assignment]
-        self.writable = asyncio.Event()
+        self.writable = asyncio.Event()  # cleared while the transport buffer is too full
         self.writable.set()
-        self.closing = False
-        self.flush_scheduled = False
-        self.timer: asyncio.TimerHandle | None = None  # idle keep-alive or shutdown grace
+        self.closing = self.flush_scheduled = False
 
-    # -- asyncio.Protocol -------------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+    # -- asyncio.Protocol ---------------------------------------------------------
+    def connection_made(self, transport: Any) -> None:
         self.transport = transport
         self.server_state.connections.add(self)  # type: ignore[arg-type]
-        self.server = get_local_addr(transport)
-        self.client = get_remote_addr(transport)
-        Setting = h2.settings.SettingCodes
+        self.server, self.client = get_local_addr(transport), get_remote_addr(transport)
+        codes = h2.settings.SettingCodes
         self.conn.local_settings = h2.settings.Settings(
             client=False,
             initial_values={
-                Setting.MAX_CONCURRENT_STREAMS: MAX_CONCURRENT_STREAMS,
-                Setting.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
+                codes.MAX_CONCURRENT_STREAMS: MAX_CONCURRENT_STREAMS,
+                codes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
             },
         )
         self.conn.initiate_connection()
         self.conn.increment_flow_control_window(CONNECTION_WINDOW - 65535)
-        self._arm_idle()
+        self._set_timer(self.config.timeout_keep_alive, self.close)
         self.flush()
 
     def data_received(self, data: bytes) -> None:
         try:
             events = self.conn.receive_data(data)
         except h2.exceptions.ProtocolError:
-            self.flush()  # h2 has queued a GOAWAY
+            self.flush()  # h2 has queued a GOAWAY describing the error
             self.transport.close()
             return
-        E = h2.events
-        for ev in events:
-            if isinstance(ev, E.RequestReceived):
-                self._on_request(ev)
-            elif isinstance(ev, E.DataReceived):
-                s = self.streams.get(ev.stream_id)
-                if s is None or s.complete or s.disconnected:
-                    self.conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+        for event in events:
+            s = self.streams.get(getattr(event, "stream_id", 0))
+            if isinstance(event, ev.RequestReceived):
+                self._start_stream(event)
+            elif isinstance(event, ev.DataReceived):
+                if s is None or s.complete or s.disconnected:  # nobody will read it
+                    self.conn.acknowledge_received_data(
+                        event.flow_controlled_length, event.stream_id
+                    )
                 else:
-                    s.chunks.append(ev.data)
-                    s.unacked += ev.flow_controlled_length
+                    s.chunks.append(event.data)
+                    s.unacked += event.flow_controlled_length
                     _wake(s.rx)
-            elif isinstance(ev, E.StreamEnded):
-                if (s := self.streams.get(ev.stream_id)) is not None:
-                    s.more_body = False
-                    _wake(s.rx)
-            elif isinstance(ev, E.StreamReset):
-                if (s := self.streams.get(ev.stream_id)) is not None:
-                    s.disconnect()
-            elif isinstance(ev, E.WindowUpdated) and ev.stream_id:
-                if (s := self.streams.get(ev.stream_id)) is not None:
-                    _wake(s.tx)
-            elif isinstance(ev, E.WindowUpdated | E.RemoteSettingsChanged):
-                for s in self.streams.values():
-                    _wake(s.tx)
-            elif isinstance(ev, E.ConnectionTerminated):
-                self.flush()
-                self.transport.close()  # h2 can send nothing more after a GOAWAY
+            elif isinstance(event, ev.StreamEnded) and s is not None:
+                s.more_body = False
+                _wake(s.rx)
+            elif isinstance(event, ev.StreamReset) and s is not None:
+                s.disconnect()
+            elif isinstance(event, ev.WindowUpdated | ev.RemoteSettingsChanged):
+                for t in [s] if s is not None else self.streams.values():
+                    _wake(t.tx)
+            elif isinstance(event, ev.ConnectionTerminated):
+                self.transport.close()  # h2 will not send anything after the peer's GOAWAY
                 return
         self.flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server_state.connections.discard(self)  # type: ignore[arg-type]
-        self._cancel_timer()
+        self._set_timer(None, None)
         self.writable.set()
         for s in list(self.streams.values()):
             s.disconnect()
@@ -341,60 +304,45 @@ class H2Protocol(asyncio.Protocol):
         self.writable.set()
 
     def shutdown(self) -> None:
-        """Graceful shutdown (called by uvicorn): GOAWAY now, close once streams finish."""
-        if self.closing:
-            return
-        self.closing = True
-        self.flush()
-        if not self.transport.is_closing():
-            # Written by hand: after h2's close_connection() it refuses to send anything,
-            # but in-flight streams must still be able to finish.
-            last = self.conn.highest_inbound_stream_id
-            self.transport.write(GoAwayFrame(0, last_stream_id=last).serialize())
-        if not self.streams:
-            self.close()
-        else:
-            self._cancel_timer()
-            grace = self.config.timeout_graceful_shutdown
-            self.timer = self.loop.call_later(
-                SHUTDOWN_GRACE if grace is None else grace, self.close
-            )
+        """Graceful shutdown (called by uvicorn): refuse new streams, GOAWAY + close once idle.
 
-    # -- stream plumbing ----------------------------------------------------------
-    def _on_request(self, ev: h2.events.RequestReceived) -> None:
-        sid = ev.stream_id
+        The GOAWAY is sent only after in-flight streams finish (or the grace period
+        ends) because h2-based clients such as httpx abort every open stream as soon
+        as they receive one, whatever its last-stream-id.
+        """
+        if not self.closing:
+            self.closing = True
+            grace = self.config.timeout_graceful_shutdown
+            self._set_timer(SHUTDOWN_GRACE if grace is None else grace, self.close)
+            if not self.streams:
+                self.close()
+
+    # -- streams -------------------------------------------------------------------
+    def _start_stream(self, event: ev.RequestReceived) -> None:
+        sid = event.stream_id
         if self.closing:
-            self.conn.reset_stream(sid, ErrorCodes.REFUSED_STREAM)
+            self.conn.reset_stream(sid, ErrorCodes.REFUSED_STREAM)  # safe for clients to retry
             return
-        self._cancel_timer()
-        method = path = authority = b""
+        self._set_timer(None, None)
+        pseudo: dict[bytes, bytes] = {}
         headers: list[tuple[bytes, bytes]] = []
-        has_host = False
-        for name, value in ev.headers or ():
+        for name, value in event.headers or ():
             if name[:1] == b":":
-                if name == b":method":
-                    method = value
-                elif name == b":path":
-                    path = value
-                elif name == b":authority":
-                    authority = value
+                pseudo[name] = value
             else:
-                has_host = has_host or name == b"host"
                 headers.append((name, value))
-        if authority and not has_host:
-            headers.insert(0, (b"host", authority))
-        raw_path, _, query = path.partition(b"?")
-        text_path = raw_path.decode("latin-1")
-        if "%" in text_path:
-            text_path = unquote(text_path)
+        if b":authority" in pseudo and not any(name == b"host" for name, _ in headers):
+            headers.insert(0, (b"host", pseudo[b":authority"]))
+        raw_path, _, query = pseudo.get(b":path", b"").partition(b"?")
+        path = raw_path.decode("latin-1")
         root = self.config.root_path
         scope = {
             "type": "http",
             "asgi": {"version": "3.0", "spec_version": "2.3"},
             "http_version": "2",
-            "method": method.decode("ascii"),
+            "method": pseudo.get(b":method", b"").decode("ascii"),
             "scheme": "http",
-            "path": root + text_path,
+            "path": root + (unquote(path) if "%" in path else path),
             "raw_path": root.encode("ascii") + raw_path,
             "query_string": query,
             "root_path": root,
@@ -405,43 +353,38 @@ class H2Protocol(asyncio.Protocol):
         if self.app_state is not None:
             scope["state"] = self.app_state.copy()
         stream = self.streams[sid] = _Stream(self, sid, scope)
-        coro = stream.run(self.app)
-        if self.config.reset_contextvars:
-            task = self.loop.create_task(coro, context=contextvars.Context())
-        else:
-            task = self.loop.create_task(coro)
+        context = contextvars.Context() if self.config.reset_contextvars else None
+        task = self.loop.create_task(stream.run(self.app), context=context)
         self.server_state.tasks.add(task)
         task.add_done_callback(self.server_state.tasks.discard)
 
     def stream_done(self, s: _Stream) -> None:
-        """The app task of stream ``s`` has finished (successfully or not)."""
-        self.streams.pop(s.sid, None)
+        """The app task of stream ``s`` has finished, successfully or not."""
+        del self.streams[s.sid]
         self.server_state.total_requests += 1
         if s.unacked:
-            self.ack(s.sid, s.unacked)
-            s.unacked = 0
+            self.conn.acknowledge_received_data(s.unacked, s.sid)
         if s.complete and s.more_body and not s.disconnected:
-            # Full response sent before the request body ended: ask the client to stop.
-            self.reset(s.sid, ErrorCodes.NO_ERROR)
-        s.disconnect()
+            self.reset(s.sid, ErrorCodes.NO_ERROR)  # answered early: client may stop uploading
+        s.disconnect()  # late send()/receive() calls become no-ops / disconnects
         self.flush()
-        if not self.streams:
-            if self.closing:
-                self.close()
-            else:
-                self._arm_idle()
+        if self.streams:
+            return
+        if self.closing:
+            self.close()
+        else:
+            self._set_timer(self.config.timeout_keep_alive, self.close)
 
     async def send_data(self, s: _Stream, data: bytes, end: bool) -> None:
-        """Send ``data`` on stream ``s`` honouring transport backpressure and h2 windows."""
-        conn = self.conn
-        offset, total = 0, len(data)
+        """Write ``data`` on stream ``s`` now, honouring transport backpressure and h2 windows."""
+        conn, offset = self.conn, 0
         while not s.disconnected:
             if not self.writable.is_set():
-                await self.writable.wait()  # this connection's reader is slow
+                await self.writable.wait()  # only this connection's streams wait for its reader
                 continue
             try:
                 window = min(conn.local_flow_control_window(s.sid), conn.max_outbound_frame_size)
-                if total - offset <= window:
+                if len(data) - offset <= window:
                     conn.send_data(s.sid, data[offset:] if offset else data, end_stream=end)
                     self.flush()
                     return
@@ -454,29 +397,28 @@ class H2Protocol(asyncio.Protocol):
                 s.disconnect()
                 return
             s.tx = self.loop.create_future()
-            await s.tx  # WINDOW_UPDATE, reset or connection loss wakes us
+            await s.tx  # woken by WINDOW_UPDATE, SETTINGS, reset or connection loss
 
-    def ack(self, stream_id: int, size: int) -> None:
-        """Return ``size`` consumed bytes to the peer's send window."""
-        self.conn.acknowledge_received_data(size, stream_id)
+    def ack(self, sid: int, size: int) -> None:
+        """Give ``size`` consumed bytes back to the peer's send windows."""
+        self.conn.acknowledge_received_data(size, sid)
         self.schedule_flush()
 
-    def reset(self, stream_id: int, code: ErrorCodes) -> None:
-        """Send RST_STREAM, ignoring streams that are already closed."""
+    def reset(self, sid: int, code: ErrorCodes) -> None:
+        """Send RST_STREAM unless the stream is already closed."""
         try:
-            self.conn.reset_stream(stream_id, code)
+            self.conn.reset_stream(sid, code)
         except h2.exceptions.H2Error:
             pass
         self.flush()
 
     def flush(self) -> None:
-        """Write whatever h2 has queued to the transport right away."""
-        data = self.conn.data_to_send()
-        if data and not self.transport.is_closing():
+        """Write whatever h2 has queued straight to the transport."""
+        if (data := self.conn.data_to_send()) and not self.transport.is_closing():
             self.transport.write(data)
 
     def schedule_flush(self) -> None:
-        """Flush on the next loop turn, so headers + first body frame go out in one write."""
+        """Flush on the next loop turn, so response headers share a write with the first DATA."""
         if not self.flush_scheduled:
             self.flush_scheduled = True
             self.loop.call_soon(self._scheduled_flush)
@@ -486,67 +428,57 @@ class H2Protocol(asyncio.Protocol):
         self.flush()
 
     def close(self) -> None:
-        """Send a final GOAWAY and close the transport."""
-        self._cancel_timer()
-        if self.transport.is_closing():
-            return
-        try:
-            self.conn.close_connection()
-        except h2.exceptions.H2Error:
-            pass
-        self.flush()
-        self.transport.close()
-
-    def _arm_idle(self) -> None:
-        self._cancel_timer()
-        self.timer = self.loop.call_later(self.config.timeout_keep_alive, self.close)
-
-    def _cancel_timer(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        """Send GOAWAY and close the transport (streams still running see a disconnect)."""
+        self._set_timer(None, None)
+        if not self.transport.is_closing():
+            try:
+                self.conn.close_connection()
+            except h2.exceptions.H2Error:
+                pass
+            self.flush()
+            self.transport.close()
 
 
 def build_config(
     app: Any, host: str, port: int, *, log_level: str = "warning", **extra: Any
 ) -> uvicorn.Config:
-    """uvicorn Config for the topics HTTP server; ``extra`` overrides any option."""
+    """The uvicorn Config for the topics HTTP server; ``extra`` overrides any option."""
     try:
         import uvloop  # noqa: F401
 
         loop = "uvloop"
     except ImportError:  # pragma: no cover
         loop = "asyncio"
-    ws = "websockets-sansio" if "websockets-sansio" in uvicorn.config.WS_PROTOCOLS else "websockets"
     options: dict[str, Any] = {
         "loop": loop,
         "http": AutoProtocol,
-        "ws": ws,
+        # websockets' sans-I/O implementation where uvicorn has it (0.35+).
+        "ws": "websockets-sansio"
+        if "websockets-sansio" in uvicorn.config.WS_PROTOCOLS
+        else "websockets",
         "lifespan": "on",
-        "interface": "asgi3",  # never guess (a callable object could be taken for ASGI2)
+        "interface": "asgi3",  # don't let uvicorn guess (a callable object may look like ASGI2)
         "access_log": False,
         "server_header": False,
         "date_header": True,
         "proxy_headers": False,  # no per-request X-Forwarded-* middleware
         "timeout_keep_alive": 75,
-        "timeout_graceful_shutdown": 5,  # then in-flight tasks (e.g. SSE) are cancelled
+        "timeout_graceful_shutdown": 5,  # then still-running tasks (e.g. SSE) are cancelled
     }
     options.update(extra)
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, **options)
 
 
 class ServerHandle:
-    """A started uvicorn server living on the current event loop."""
+    """A listening uvicorn server on the current event loop: ``host``, ``port``, ``stop()``."""
 
     def __init__(self, server: uvicorn.Server) -> None:
         self.server = server
-        sock = server.servers[0].sockets[0]
-        self.host: str = sock.getsockname()[0]
-        self.port: int = sock.getsockname()[1]
+        self.host, self.port = server.servers[0].sockets[0].getsockname()[:2]
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:
-        await self.server.main_loop()  # ticks every 0.1 s (date header, exit flag)
+        await self.server.main_loop()  # ticks every 0.1 s: date header, should_exit
         await self.server.shutdown()
 
     async def stop(self) -> None:
@@ -556,9 +488,9 @@ class ServerHandle:
 
 
 async def start_server(app: Any, host: str, port: int, **kw: Any) -> ServerHandle:
-    """Start serving ``app`` on the running loop; returns once the socket is listening.
+    """Start serving ``app`` on the running loop and return once the socket is listening.
 
-    ``port=0`` binds an ephemeral port (see ``handle.port``).  ``kw`` goes to
+    ``port=0`` binds an ephemeral port (read ``handle.port``); ``kw`` goes to
     :func:`build_config`.  uvicorn's signal handlers are *not* installed: the
     caller owns process signals and calls ``stop()``.
     """
@@ -568,9 +500,9 @@ async def start_server(app: Any, host: str, port: int, **kw: Any) -> ServerHandl
     server.lifespan = config.lifespan_class(config)
     try:
         await server.startup()
-    except SystemExit as exc:  # uvicorn exits on bind / lifespan startup failure
+    except SystemExit as exc:  # uvicorn exits on bind or lifespan-startup failure
         raise RuntimeError(
-            f"HTTP server failed to start on {host}:{port} (exit {exc.code})"
+            f"HTTP server failed to start on {host}:{port} (exit code {exc.code})"
         ) from None
-    await server.on_tick(0)  # populate the date header before the first request
+    await server.on_tick(0)  # fill in the date header before the first request
     return ServerHandle(server)

@@ -1,0 +1,103 @@
+"""Command-line entry point: `topics serve` (and `python -m topics`).
+
+`topics serve` reads every `TOPICS_*` variable (API §13; flags override the
+matching variable), binds `TOPICS_HOST:TOPICS_PORT` (default 127.0.0.1:4000),
+writes the bound `host:port` to `TOPICS_PORT_FILE` atomically when set, and
+serves until SIGINT/SIGTERM, then shuts down gracefully.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+from topics import __version__
+from topics.config import ConfigError, ServerConfig, load_config
+
+__all__ = ["main"]
+
+log = logging.getLogger("topics")
+
+
+def _write_port_file(path: str, host: str, port: int) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:  # not durable data: a plain file is fine here
+        f.write(f"{host}:{port}\n")
+    os.replace(tmp, path)
+
+
+async def _serve(cfg: ServerConfig) -> int:
+    from topics.http.app import TopicsApp
+    from topics.http.server import start_server
+
+    app = TopicsApp(cfg)
+    handle = await start_server(app, cfg.host, cfg.port)
+    log.info("topics %s listening on http://%s:%d (data dir %s)", __version__, handle.host, handle.port, cfg.data_dir)
+    if cfg.port_file:
+        try:
+            _write_port_file(cfg.port_file, handle.host, handle.port)
+        except OSError as exc:
+            log.error("cannot write TOPICS_PORT_FILE %s: %s", cfg.port_file, exc)
+            await handle.stop()
+            return 1
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down")
+    await handle.stop()
+    return 0
+
+
+def _run(coro_fn: object) -> int:
+    try:
+        import uvloop
+
+        return int(uvloop.run(coro_fn))  # type: ignore[arg-type]
+    except ImportError:  # pragma: no cover
+        return int(asyncio.run(coro_fn))  # type: ignore[arg-type]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="topics", description="topics event-log server")
+    parser.add_argument("--version", action="version", version=f"topics {__version__}")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    serve = sub.add_parser("serve", help="run the server (configured by TOPICS_* variables)")
+    serve.add_argument("--host", help="bind host (overrides TOPICS_HOST)")
+    serve.add_argument("--port", type=int, help="bind port, 0 = ephemeral (overrides TOPICS_PORT)")
+    serve.add_argument("--data-dir", help="data directory (overrides TOPICS_DATA_DIR)")
+    serve.add_argument("--port-file", help="write host:port here once bound (TOPICS_PORT_FILE)")
+    args = parser.parse_args(argv)
+
+    if args.cmd == "serve":
+        env = dict(os.environ)
+        if args.host is not None:
+            env["TOPICS_HOST"] = args.host
+        if args.port is not None:
+            env["TOPICS_PORT"] = str(args.port)
+        if args.data_dir is not None:
+            env["TOPICS_DATA_DIR"] = args.data_dir
+        if args.port_file is not None:
+            env["TOPICS_PORT_FILE"] = args.port_file
+        try:
+            cfg = load_config(env)
+        except ConfigError as exc:
+            print(f"topics: {exc}", file=sys.stderr)
+            return 2
+        level = {"trace": "DEBUG", "debug": "DEBUG", "warn": "WARNING"}.get(cfg.log_level, cfg.log_level.upper())
+        logging.basicConfig(
+            level=getattr(logging, level, logging.INFO),
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
+        return _run(_serve(cfg))
+    return 2  # pragma: no cover
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,495 @@
+"""The `/v0` ASGI application: one pipeline for auth, limits, routing and errors.
+
+Request processing follows API §1.4 exactly:
+
+1. authentication (probe and watch-stream exemptions, bearer, `?token=` on SSE GETs) -> 401
+2. per-key in-flight cap -> 429
+3. route scope -> 403, then the path-name allowlist -> 403
+4. routing -> 404 / 405
+5. body size -> 413 (before parsing)
+6. content type -> 415, JSON parse -> 400
+7. the handler (validation and engine errors)
+
+Handlers are small async functions in sibling modules; they receive a
+:class:`Ctx` and return a :class:`~topics.http.responses.Resp`, or stream
+themselves (SSE, WebSocket) and return None. The app is a raw ASGI callable
+rather than a framework: measurements on this machine show a framework layer
+halves the request rate (notes/peers-and-limits.md §2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs
+
+from topics.clock import Clock, SystemClock
+from topics.config import SCOPE_ADMIN, SCOPE_DELETE, SCOPE_READ, SCOPE_WRITE, ServerConfig
+from topics.engine.core import Engine
+from topics.engine.records import loads
+from topics.errors import TopicsError, bad_request
+from topics.http.auth import Authenticator, Principal, bearer, token_from_query
+from topics.http.responses import Resp, error_resp
+
+__all__ = ["TopicsApp", "Ctx", "build_app"]
+
+log = logging.getLogger("topics.http")
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+# Body modes: how a route's body is read and parsed.
+BODY_NONE = 0  # no body expected (GET/DELETE)
+BODY_JSON = 1  # JSON object required (empty => 415/400)
+BODY_JSON_EMPTY_OK = 2  # empty body => {} without content-type check
+BODY_CLAIM = 3  # empty body => 400 "claim requires a node"
+
+
+@dataclass(slots=True)
+class Ctx:
+    """Per-request context handed to handlers."""
+
+    app: TopicsApp
+    scope: Scope
+    receive: Receive
+    send: Send
+    principal: Principal
+    params: dict[str, str]
+    t0: float
+    body: Any = None
+    raw_body: bytes = b""
+    _query: dict[str, list[str]] | None = field(default=None)
+
+    @property
+    def engine(self) -> Engine:
+        return self.app.engine
+
+    def header(self, name: bytes) -> str | None:
+        for k, v in self.scope["headers"]:
+            if k == name:
+                return str(v.decode("latin-1"))
+        return None
+
+    def query(self, name: str) -> str | None:
+        if self._query is None:
+            qs = self.scope.get("query_string", b"")
+            self._query = parse_qs(qs.decode("latin-1"), keep_blank_values=True) if qs else {}
+        v = self._query.get(name)
+        return v[0] if v else None
+
+    def qbool(self, name: str, default: bool) -> bool:
+        """Query boolean: `true`/`1`, `false`/`0`, anything else => default (API §1.5)."""
+        v = self.query(name)
+        if v in ("true", "1"):
+            return True
+        if v in ("false", "0"):
+            return False
+        return default
+
+
+Handler = Callable[[Ctx], Awaitable[Resp | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    handler: Handler
+    scopes: tuple[str, ...]
+    body: int = BODY_NONE
+    inflight: bool = True  # counts against the per-key in-flight cap
+
+
+@dataclass(slots=True)
+class Match:
+    """Result of path classification: a route or a 404/405 with its fail-closed scope."""
+
+    route: Route | None
+    scopes: tuple[str, ...]
+    names: list[str]
+    params: dict[str, str]
+    status: int = 200  # 404 / 405 when route is None
+    probe: bool = False
+    watch_stream: bool = False
+    sse_token: bool = False
+    websocket: bool = False
+
+
+R, W, D, A = SCOPE_READ, SCOPE_WRITE, SCOPE_DELETE, SCOPE_ADMIN
+
+
+class TopicsApp:
+    """The raw ASGI callable serving `/v0`, owning the engine and connection limits."""
+
+    def __init__(self, config: ServerConfig, *, clock: Clock | None = None, engine: Engine | None = None) -> None:
+        from topics.http import ops, queues, routers, topics, watch, ws  # noqa: F401
+
+        self.config = config
+        self.clock = clock or SystemClock()
+        self.engine = engine or Engine(clock=self.clock, limits=config.limits)
+        self.auth = Authenticator(config.api_keys)
+        self.ready = True
+        self.replay_progress = 1.0
+        self.started = time.monotonic()
+        self.inflight: dict[bytes, int] = {}
+        self.sse_total = 0
+        self.sse_per_key: dict[bytes, int] = {}
+        self.shutting_down = asyncio.Event() if _has_loop() else None
+        self.background: list[asyncio.Task[None]] = []
+        self.hooks_startup: list[Callable[[TopicsApp], Awaitable[None]]] = []
+        self.hooks_shutdown: list[Callable[[TopicsApp], Awaitable[None]]] = []
+        from topics.engine.queues import Queues
+        from topics.engine.routers import RouterSet
+        from topics.engine.watch import WatchRegistry
+
+        self.routers = RouterSet(self.engine)
+        self.queues = Queues(self.engine)
+        self.watches = WatchRegistry(self.engine)
+        self._routes = {
+            "topics": {"GET": Route(topics.list_topics, (R,))},
+            "topic": {
+                "PUT": Route(topics.put_topic, (A,), BODY_JSON_EMPTY_OK),
+                "GET": Route(topics.get_topic, (R,)),
+                "DELETE": Route(topics.delete_topic, (D,)),
+                "POST": Route(topics.write, (W,), BODY_JSON),
+            },
+            "diff": {"POST": Route(topics.diff, (R,), BODY_JSON_EMPTY_OK)},
+            "delete": {"POST": Route(topics.delete_records, (D,), BODY_JSON)},
+            "claim": {"POST": Route(queues.claim, (R, W), BODY_CLAIM)},
+            "ack": {"POST": Route(queues.ack, (W,), BODY_JSON)},
+            "nack": {"POST": Route(queues.nack, (W,), BODY_JSON)},
+            "extend": {"POST": Route(queues.extend, (W,), BODY_JSON)},
+            "work": {"GET": Route(queues.work, (R, W), inflight=False)},
+            "routers": {"GET": Route(routers.list_routers, (R,))},
+            "router": {
+                "PUT": Route(routers.put_router, (A,), BODY_JSON),
+                "GET": Route(routers.get_router, (R,)),
+                "DELETE": Route(routers.delete_router, (D,)),
+            },
+            "watch": {"POST": Route(watch.create_watch, (R,), BODY_JSON)},
+            "watch_stream": {"GET": Route(watch.stream, (), inflight=False)},
+            "ws": {"GET": Route(ws.websocket, (), inflight=False)},
+            "health": {"GET": Route(ops.health, ())},
+            "ready": {"GET": Route(ops.ready, ())},
+            "metrics": {"GET": Route(ops.metrics, (R,))},
+        }
+
+    # ------------------------------------------------------------- routing
+
+    def classify(self, method: str, path: str) -> Match:
+        """Map a path to a route (or 404/405) with its scope and allowlisted names."""
+        parts = path.split("/")
+        # parts[0] == "" for absolute paths
+        if path in ("/healthz", "/v0/health"):
+            return self._pick("health", method, (), [], {}, probe=True)
+        if path in ("/readyz", "/v0/ready"):
+            return self._pick("ready", method, (), [], {}, probe=True)
+        if len(parts) < 3 or parts[1] != "v0":
+            return Match(None, (), [], {}, 404)
+        seg = parts[2:]
+        n = len(seg)
+        if seg[0] == "topics":
+            if n == 1:
+                return self._pick("topics", method, (R,), [], {})
+            name = seg[1]
+            if not name:
+                return Match(None, (), [], {}, 404)
+            params = {"topic": name}
+            if n == 2:
+                return self._pick("topic", method, (W,), [name], params)
+            if n == 3 and seg[2] in ("diff", "delete", "claim", "ack", "nack", "extend", "work"):
+                m = self._pick(seg[2], method, (W,), [name], params)
+                if seg[2] == "work":
+                    m.sse_token = True
+                return m
+            return Match(None, (W,), [name], params, 404)
+        if seg[0] == "routers":
+            if n == 1:
+                return self._pick("routers", method, (R,), [], {})
+            if n == 2 and seg[1]:
+                return self._pick("router", method, (A,), [seg[1]], {"router": seg[1]})
+            return Match(None, (A,), [], {}, 404)
+        if seg[0] == "watch":
+            if n == 1:
+                return self._pick("watch", method, (R,), [], {})
+            if n == 2 and seg[1]:
+                m = self._pick("watch_stream", method, (), [], {"wid": seg[1]})
+                m.watch_stream = True
+                m.sse_token = True
+                return m
+            return Match(None, (), [], {}, 404)
+        if n == 1 and seg[0] == "ws":
+            m = self._pick("ws", method, (), [], {})
+            m.websocket = True
+            return m
+        if n == 1 and seg[0] == "metrics":
+            return self._pick("metrics", method, (R,), [], {})
+        return Match(None, (), [], {}, 404)
+
+    def _pick(
+        self,
+        key: str,
+        method: str,
+        fallback: tuple[str, ...],
+        names: list[str],
+        params: dict[str, str],
+        *,
+        probe: bool = False,
+    ) -> Match:
+        routes = self._routes[key]
+        route = routes.get(method)
+        if route is None and method == "HEAD" and "GET" in routes:
+            route = routes["GET"]
+        if route is None:
+            return Match(None, fallback, names, params, 405, probe=probe)
+        return Match(route, route.scopes, names, params, 200, probe=probe)
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def startup(self) -> None:
+        if self.shutting_down is None:
+            self.shutting_down = asyncio.Event()
+        for hook in self.hooks_startup:
+            await hook(self)
+        self.background.append(asyncio.create_task(self._router_worker()))
+
+    async def shutdown(self) -> None:
+        assert self.shutting_down is not None
+        self.shutting_down.set()
+        for task in self.background:
+            task.cancel()
+        for task in self.background:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        self.background.clear()
+        self.routers.drain_all()
+        for hook in self.hooks_shutdown:
+            await hook(self)
+
+    async def _router_worker(self) -> None:
+        """Drain dirty router sources every 50 ms (SEMANTICS §12.3)."""
+        while True:
+            await asyncio.sleep(0.05)
+            try:
+                self.routers.drain_dirty()
+            except Exception:  # pragma: no cover - logged, the worker keeps going
+                log.exception("router worker pass failed")
+
+    def kick_routers(self) -> None:
+        """Forward soon after a write (off the ack path)."""
+        try:
+            asyncio.get_running_loop().call_soon(self.routers.drain_dirty)
+        except RuntimeError:  # pragma: no cover
+            pass
+
+    # ------------------------------------------------------------ the ASGI call
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        typ = scope["type"]
+        if typ == "http" or typ == "websocket":
+            await self._handle(scope, receive, send)
+        elif typ == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                try:
+                    await self.startup()
+                except Exception as exc:  # pragma: no cover
+                    log.exception("startup failed")
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                await self.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        t0 = time.perf_counter()
+        is_ws = scope["type"] == "websocket"
+        method = "GET" if is_ws else scope["method"]
+        m = self.classify(method, scope["path"])
+        if is_ws and not m.websocket:
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        key: bytes | None = None
+        counted = False
+        try:
+            principal = self._authenticate(scope, m)
+            key = principal.digest
+            if key is not None and m.route is not None and m.route.inflight:
+                cap = self.config.limits.max_inflight_per_key
+                cur = self.inflight.get(key, 0)
+                if cap and cur >= cap:
+                    raise TopicsError(
+                        429,
+                        "throttled",
+                        "too many in-flight requests for this key",
+                        {"limit": "max_inflight_per_key", "max": cap},
+                    )
+                self.inflight[key] = cur + 1
+                counted = True
+            for s in m.scopes:
+                if not principal.has(s):
+                    raise TopicsError(403, "forbidden", f"this key lacks the {s} scope")
+            for name in m.names:
+                if not principal.allows_name(name):
+                    raise TopicsError(403, "forbidden", f'this key may not access "{name}"')
+            if m.route is None:
+                if m.status == 405:
+                    raise TopicsError(405, "method_not_allowed", f"{method} is not allowed here")
+                raise TopicsError(404, "not_found", f"no route for {scope['path']}")
+            ctx = Ctx(self, scope, receive, send, principal, m.params, t0)
+            if not is_ws and m.route.body != BODY_NONE:
+                await self._read_body(ctx, m.route.body)
+            resp = await m.route.handler(ctx)
+        except TopicsError as err:
+            if is_ws:
+                await self._ws_reject(send, err)
+                return
+            resp = error_resp(err)
+        except Exception:
+            log.exception("handler failed: %s %s", method, scope["path"])
+            if is_ws:
+                await send({"type": "websocket.close", "code": 1011})
+                return
+            resp = error_resp(TopicsError(500, "internal", "internal error"))
+        finally:
+            if counted and key is not None:
+                self.inflight[key] -= 1
+        if resp is not None:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": resp.status,
+                    "headers": resp.headers,
+                }
+            )
+            await send({"type": "http.response.body", "body": resp.body})
+
+    async def _ws_reject(self, send: Send, err: TopicsError) -> None:
+        """Refuse a WebSocket upgrade with the HTTP error (websocket.http.response)."""
+        resp = error_resp(err)
+        try:
+            await send(
+                {"type": "websocket.http.response.start", "status": resp.status, "headers": resp.headers}
+            )
+            await send({"type": "websocket.http.response.body", "body": resp.body})
+        except Exception:
+            await send({"type": "websocket.close", "code": 1008})
+
+    def _authenticate(self, scope: Scope, m: Match) -> Principal:
+        auth = self.auth
+        if not auth.enabled:
+            return auth.authenticate(None)  # type: ignore[return-value]
+        if m.probe and not self.config.probe_auth:
+            return auth.authenticate(None) if not auth.enabled else _ANON
+        if m.watch_stream:
+            return _ANON  # session binding is checked by the stream handler (API §8.3)
+        header = None
+        for k, v in scope["headers"]:
+            if k == b"authorization":
+                header = v.decode("latin-1")
+                break
+        token = bearer(header)
+        if token is None and m.sse_token and not m.websocket:
+            token = token_from_query(scope.get("query_string", b""))
+        p = auth.authenticate(token)
+        if p is None:
+            raise TopicsError(401, "unauthorized", "a valid bearer token is required")
+        return p
+
+    async def _read_body(self, ctx: Ctx, mode: int) -> None:
+        limit = self.config.limits.max_body_bytes
+        clen = ctx.header(b"content-length")
+        if clen is not None and limit:
+            try:
+                if int(clen) > limit:
+                    raise TopicsError(413, "payload_too_large", f"body exceeds {limit} bytes")
+            except ValueError:
+                raise bad_request("invalid content-length") from None
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            msg = await ctx.receive()
+            if msg["type"] == "http.disconnect":
+                raise TopicsError(400, "invalid_request", "client disconnected")
+            chunk = msg.get("body", b"")
+            if chunk:
+                size += len(chunk)
+                if limit and size > limit:
+                    raise TopicsError(413, "payload_too_large", f"body exceeds {limit} bytes")
+                chunks.append(chunk)
+            if not msg.get("more_body", False):
+                break
+        raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        ctx.raw_body = raw
+        if not raw.strip():
+            if mode == BODY_JSON_EMPTY_OK:
+                ctx.body = {}
+                return
+            if mode == BODY_CLAIM:
+                raise bad_request("claim requires a node")
+        ct = ctx.header(b"content-type")
+        if ct is None or not ct.lstrip().startswith("application/json"):
+            raise TopicsError(
+                415, "unsupported_media_type", "Content-Type must be application/json"
+            )
+        try:
+            ctx.body = loads(raw)
+        except ValueError as exc:
+            raise bad_request(f"malformed JSON body: {exc}") from None
+
+    # ------------------------------------------------------------ SSE slots
+
+    def acquire_sse(self, key: bytes | None) -> None:
+        """Take an SSE/WS connection slot (global + per key); 429 when full (API §12)."""
+        lim = self.config.limits
+        if lim.max_sse_connections and self.sse_total >= lim.max_sse_connections:
+            raise TopicsError(
+                429,
+                "throttled",
+                "too many streaming connections",
+                {"limit": "max_sse_connections", "max": lim.max_sse_connections},
+            )
+        if key is not None and self.auth.enabled:
+            cur = self.sse_per_key.get(key, 0)
+            cap = lim.max_sse_connections_per_key
+            if cap and cur >= cap:
+                raise TopicsError(
+                    429,
+                    "throttled",
+                    "too many streaming connections for this key",
+                    {"limit": "max_sse_connections_per_key", "max": cap},
+                )
+            self.sse_per_key[key] = cur + 1
+        self.sse_total += 1
+
+    def release_sse(self, key: bytes | None) -> None:
+        self.sse_total -= 1
+        if key is not None and self.auth.enabled:
+            self.sse_per_key[key] -= 1
+
+
+_ANON = Principal(None, frozenset(), ())
+
+
+def _has_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+        return True
+    except RuntimeError:
+        return False
+
+
+def build_app(config: ServerConfig, *, clock: Clock | None = None) -> TopicsApp:
+    """Construct the ASGI app for `config` (in-memory engine)."""
+    return TopicsApp(config, clock=clock)

@@ -1,0 +1,173 @@
+"""Health, readiness and metrics (API §11)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+
+from topics import __version__
+from topics.errors import TopicsError
+from topics.http.app import Ctx, TopicsApp
+from topics.http.responses import Resp
+
+__all__ = ["health", "ready", "metrics", "render_prometheus", "metrics_json"]
+
+PER_TOPIC_CAP = 1000
+CLASSES = ("ephemeral", "memory", "disk", "fsync")
+
+
+async def health(ctx: Ctx) -> Resp:
+    uptime = int((time.monotonic() - ctx.app.started) * 1000)
+    body = {"status": "ok", "version": __version__, "uptime_ms": uptime}
+    return Resp(200, orjson.dumps(body), [(b"content-type", b"application/json")])
+
+
+async def ready(ctx: Ctx) -> Resp:
+    app = ctx.app
+    if not app.ready:
+        raise TopicsError(
+            503,
+            "not_ready",
+            "recovery in progress",
+            {"replay_progress": round(app.replay_progress, 4)},
+        )
+    body = {"status": "ready", "wal_replay_complete": True, "topics": len(app.engine.topics)}
+    return Resp(200, orjson.dumps(body), [(b"content-type", b"application/json")])
+
+
+def _gather(app: TopicsApp) -> dict[str, Any]:
+    eng = app.engine
+    now = eng.clock.now_ms()
+    by_class = dict.fromkeys(CLASSES, 0)
+    queue_topics = 0
+    leases = 0
+    for t in eng.topics.values():
+        by_class[t.config.durability] += 1
+        if t.queue is not None:
+            queue_topics += 1
+            leases += t.queue.counters(t, now)["in_flight"]
+    return {
+        "topics": len(eng.topics),
+        "by_class": by_class,
+        "routers": len(app.routers),
+        "records_live": eng.totals.records,
+        "bytes_live": eng.totals.bytes,
+        "queue_topics": queue_topics,
+        "queue_leases_in_flight": leases,
+        "sse_connections": app.sse_total,
+        "watch_sessions": len(app.watches),
+        "ready": app.ready,
+        "replay_progress": app.replay_progress,
+        "uptime_ms": int((time.monotonic() - app.started) * 1000),
+    }
+
+
+def metrics_json(app: TopicsApp) -> dict[str, Any]:
+    """The JSON form of `/v0/metrics` (API §11.3)."""
+    g = _gather(app)
+    out: dict[str, Any] = {"topics": g["topics"]}
+    for c in CLASSES:
+        out[f"topics_{c}"] = g["by_class"][c]
+    for k in (
+        "routers",
+        "records_live",
+        "bytes_live",
+        "queue_topics",
+        "queue_leases_in_flight",
+        "sse_connections",
+        "watch_sessions",
+        "ready",
+        "replay_progress",
+        "uptime_ms",
+    ):
+        out[k] = g[k]
+    wal = getattr(app.engine.journal, "metrics", None)
+    if callable(wal):
+        out["wal"] = wal()
+    return out
+
+
+def _esc(v: str) -> str:
+    return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def render_prometheus(app: TopicsApp) -> bytes:
+    """Prometheus text exposition 0.0.4 with HELP/TYPE lines (API §11.3)."""
+    g = _gather(app)
+    lines: list[str] = []
+
+    def metric(name: str, typ: str, help_: str, samples: list[tuple[str, Any]]) -> None:
+        lines.append(f"# HELP {name} {help_}")
+        lines.append(f"# TYPE {name} {typ}")
+        for labels, value in samples:
+            if isinstance(value, bool):
+                value = int(value)
+            lines.append(f"{name}{labels} {value}")
+
+    metric("topics_topics", "gauge", "Live topic instances.", [("", g["topics"])])
+    metric(
+        "topics_topics_by_class",
+        "gauge",
+        "Topics per durability class.",
+        [(f'{{class="{c}"}}', g["by_class"][c]) for c in CLASSES],
+    )
+    metric("topics_routers", "gauge", "Configured routers.", [("", g["routers"])])
+    metric("topics_records_live", "gauge", "Live records across topics.", [("", g["records_live"])])
+    metric("topics_bytes_live", "gauge", "Live payload bytes across topics.", [("", g["bytes_live"])])
+    metric("topics_queue_topics", "gauge", "Topics of type queue.", [("", g["queue_topics"])])
+    metric(
+        "topics_queue_leases_in_flight",
+        "gauge",
+        "Active queue leases.",
+        [("", g["queue_leases_in_flight"])],
+    )
+    metric(
+        "topics_sse_connections", "gauge", "Open SSE and WebSocket connections.", [("", g["sse_connections"])]
+    )
+    metric("topics_watch_sessions", "gauge", "Watch sessions in memory.", [("", g["watch_sessions"])])
+    metric("topics_ready", "gauge", "1 once recovery has finished.", [("", int(g["ready"]))])
+    metric(
+        "topics_recovery_progress", "gauge", "Recovery progress from 0 to 1.", [("", g["replay_progress"])]
+    )
+    metric("topics_uptime_ms", "counter", "Milliseconds since start.", [("", g["uptime_ms"])])
+
+    eng = app.engine
+    names = sorted(eng.topics)
+    truncated = len(names) > PER_TOPIC_CAP
+    names = names[:PER_TOPIC_CAP]
+    topics = [(f'{{topic="{_esc(n)}"}}', eng.topics[n]) for n in names]
+    metric("topics_topic_head_seq", "gauge", "Highest published seq.", [(lb, t.head_seq) for lb, t in topics])
+    metric(
+        "topics_topic_earliest_seq", "gauge", "First live seq.", [(lb, t.earliest_seq) for lb, t in topics]
+    )
+    metric(
+        "topics_topic_records_live", "gauge", "Live records.", [(lb, t.live_count) for lb, t in topics]
+    )
+    metric("topics_topic_bytes_live", "gauge", "Live payload bytes.", [(lb, t.live_bytes) for lb, t in topics])
+    now = eng.clock.now_ms()
+    qs = [(lb, t, t.queue.counters(t, now)) for lb, t in topics if t.queue is not None]
+    metric("topics_topic_queue_ready", "gauge", "Claimable jobs.", [(lb, c["ready"]) for lb, _, c in qs])
+    metric(
+        "topics_topic_queue_in_flight", "gauge", "Leased jobs.", [(lb, c["in_flight"]) for lb, _, c in qs]
+    )
+    metric(
+        "topics_topic_metrics_truncated",
+        "gauge",
+        "1 when the per-topic series were cut at 1000 topics.",
+        [("", int(truncated))],
+    )
+    wal_lines = getattr(eng.journal, "prometheus_lines", None)
+    if callable(wal_lines):
+        lines.extend(wal_lines())
+    return ("\n".join(lines) + "\n").encode()
+
+
+async def metrics(ctx: Ctx) -> Resp:
+    accept = ctx.header(b"accept") or ""
+    if "application/json" in accept:
+        return Resp(200, orjson.dumps(metrics_json(ctx.app)), [(b"content-type", b"application/json")])
+    return Resp(
+        200, render_prometheus(ctx.app), [(b"content-type", b"text/plain; version=0.0.4")]
+    )

@@ -1,0 +1,225 @@
+"""Handlers for queue claim/ack/nack/extend and the `/work` SSE push stream (API §10).
+
+Claims on a topic with `claim_jitter_ms > 0` are coalesced: the first claimer
+opens a cohort and waits out the window, later claimers join, and one claim pass
+serves them all round-robin (SEMANTICS §15.5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from topics.engine.queues import Claimer
+from topics.errors import TopicsError, bad_request
+from topics.http.app import Ctx, TopicsApp
+from topics.http.responses import Resp, json_resp
+
+__all__ = ["claim", "ack", "nack", "extend", "work"]
+
+WORK_TICK_S = 0.25
+WORK_HEARTBEAT_S = 15.0
+
+
+@dataclass
+class _Cohort:
+    lease_override: int | None
+    claimers: list[Claimer] = field(default_factory=list)
+    futures: list[asyncio.Future[list[dict[str, Any]]]] = field(default_factory=list)
+
+
+def _cohorts(app: TopicsApp) -> dict[str, _Cohort]:
+    c: dict[str, _Cohort] | None = getattr(app, "_claim_cohorts", None)
+    if c is None:
+        c = {}
+        app._claim_cohorts = c  # type: ignore[attr-defined]
+    return c
+
+
+async def claim_jobs(
+    app: TopicsApp, name: str, claimer: Claimer, lease_override: int | None
+) -> list[dict[str, Any]]:
+    """Claim through the coalescing path: immediate, or via a jitter cohort."""
+    q = app.queues
+    t = q.check_queue(name)
+    jitter = t.config.claim_jitter_ms
+    if jitter <= 0:
+        return q.claim_pass(name, [claimer], lease_override)[0]
+    cohorts = _cohorts(app)
+    cohort = cohorts.get(name)
+    fut: asyncio.Future[list[dict[str, Any]]] = asyncio.get_running_loop().create_future()
+    if cohort is not None:
+        cohort.claimers.append(claimer)
+        cohort.futures.append(fut)
+        return await fut
+    cohort = _Cohort(lease_override, [claimer], [fut])
+    cohorts[name] = cohort
+    await asyncio.sleep(jitter / 1000)
+    if cohorts.get(name) is cohort:
+        del cohorts[name]
+    try:
+        results = q.claim_pass(name, cohort.claimers, cohort.lease_override)
+    except TopicsError:
+        for f in cohort.futures[1:]:
+            if not f.done():
+                f.set_result([])
+        raise
+    for f, jobs in zip(cohort.futures[1:], results[1:], strict=True):
+        if not f.done():
+            f.set_result(jobs)
+    return results[0]
+
+
+async def claim(ctx: Ctx) -> Resp:
+    q = ctx.app.queues
+    node, max_jobs, lease_override = q.parse_claim(ctx.body)
+    name = ctx.params["topic"]
+    t = q.check_queue(name)
+    q.validate_node(node)
+    jobs = await claim_jobs(ctx.app, name, Claimer(node, max_jobs, None), lease_override)
+    now = ctx.engine.clock.now_ms()
+    body = {
+        "topic": t.name,
+        "claimed": jobs,
+        "count": len(jobs),
+        "ready": q.state(t).counters(t, now)["ready"],
+    }
+    return json_resp(200, body, ctx.t0)
+
+
+async def ack(ctx: Ctx) -> Resp:
+    body = ctx.app.queues.ack(ctx.params["topic"], ctx.body)
+    extra: dict[str, Any] = {}
+    fs = body.pop("_fsync_ms", 0.0) if isinstance(body, dict) else 0.0
+    if fs:
+        extra["fsync_ms"] = fs
+    return json_resp(200, body, ctx.t0, **extra)
+
+
+async def nack(ctx: Ctx) -> Resp:
+    return json_resp(200, ctx.app.queues.nack(ctx.params["topic"], ctx.body), ctx.t0)
+
+
+async def extend(ctx: Ctx) -> Resp:
+    return json_resp(200, ctx.app.queues.extend(ctx.params["topic"], ctx.body), ctx.t0)
+
+
+def _accepts_sse(ctx: Ctx) -> bool:
+    accept = ctx.header(b"accept")
+    return not accept or "text/event-stream" in accept or "*/*" in accept
+
+
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-store"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+async def work(ctx: Ctx) -> None:
+    """`GET /v0/topics/:q/work`: push claimed jobs as SSE `job` frames (API §10.6)."""
+    app = ctx.app
+    q = app.queues
+    if not _accepts_sse(ctx):
+        raise TopicsError(406, "not_acceptable", "this endpoint only produces text/event-stream")
+    node = ctx.query("node")
+    if not node:
+        raise bad_request("node is required")
+    q.validate_node(node)
+    try:
+        max_jobs = min(max(int(ctx.query("max") or "1"), 1), 1000)
+    except ValueError:
+        max_jobs = 1
+    lease_override: int | None
+    try:
+        raw = ctx.query("lease_ms")
+        lease_override = int(raw) if raw is not None else None
+    except ValueError:
+        lease_override = None
+    name = ctx.params["topic"]
+    t = q.check_queue(name)
+    key = ctx.principal.digest
+    app.acquire_sse(key)
+    conn = q.new_conn_id()
+    send = ctx.send
+    disconnected = asyncio.Event()
+    wake = asyncio.Event()
+
+    def on_topic(_t: Any) -> None:
+        wake.set()
+
+    async def watch_disconnect() -> None:
+        while True:
+            msg = await ctx.receive()
+            if msg["type"] == "http.disconnect":
+                disconnected.set()
+                wake.set()
+                return
+
+    t.listeners.add(on_topic)
+    watcher = asyncio.create_task(watch_disconnect())
+    assert app.shutting_down is not None
+    shutdown_wait = asyncio.create_task(app.shutting_down.wait())
+    shutdown_wait.add_done_callback(lambda _f: wake.set())
+    try:
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        await send({"type": "http.response.body", "body": b"retry: 2000\n\n", "more_body": True})
+        last_frame = time.monotonic()
+        while not disconnected.is_set():
+            if app.shutting_down.is_set():
+                frame = orjson.dumps(
+                    {
+                        "code": "server_shutting_down",
+                        "error": "server is shutting down; reconnect",
+                        "topic": name,
+                    }
+                )
+                await send(
+                    {"type": "http.response.body", "body": b"event: error\ndata: " + frame + b"\n\n"}
+                )
+                break
+            if not t.alive or ctx.engine.get(name) is not t or not t.config.is_queue:
+                frame = orjson.dumps(
+                    {"code": 409, "error": "topic is no longer a queue", "topic": name}
+                )
+                await send(
+                    {"type": "http.response.body", "body": b"event: error\ndata: " + frame + b"\n\n"}
+                )
+                break
+            deficit = max_jobs - q.conn_leases(name, conn)
+            if deficit > 0:
+                try:
+                    jobs = await claim_jobs(app, name, Claimer(node, deficit, conn), lease_override)
+                except TopicsError:
+                    continue  # re-checked at the top of the loop (topic gone / not a queue)
+                if jobs and not disconnected.is_set():
+                    frames = b"".join(
+                        b"id: %d\nevent: job\ndata: %b\n\n"
+                        % (j["$seq"], orjson.dumps({"topic": name, **j}))
+                        for j in jobs
+                    )
+                    await send({"type": "http.response.body", "body": frames, "more_body": True})
+                    last_frame = time.monotonic()
+            wake.clear()
+            timeout = min(WORK_TICK_S, max(0.0, WORK_HEARTBEAT_S - (time.monotonic() - last_frame)))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), timeout)
+            if time.monotonic() - last_frame >= WORK_HEARTBEAT_S:
+                await send({"type": "http.response.body", "body": b": hb\n\n", "more_body": True})
+                last_frame = time.monotonic()
+        if not disconnected.is_set():
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+    except OSError:
+        pass
+    finally:
+        t.listeners.discard(on_topic)
+        watcher.cancel()
+        shutdown_wait.cancel()
+        if ctx.engine.get(name) is t and t.queue is not None:
+            q.release_conn(name, conn)
+        app.release_sse(key)

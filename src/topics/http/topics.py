@@ -1,0 +1,167 @@
+"""Handlers for topic lifecycle, write, diff and record delete (API §3-6)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import orjson
+
+from topics.config import SCOPE_ADMIN
+from topics.engine.core import Replay
+from topics.engine.topic import PendingWrite, Topic
+from topics.errors import TopicsError
+from topics.http.app import Ctx
+from topics.http.responses import JSON_CT, Resp, json_resp
+
+__all__ = [
+    "put_topic",
+    "get_topic",
+    "list_topics",
+    "delete_topic",
+    "write",
+    "diff",
+    "delete_records",
+    "wait_published",
+    "wait_topic",
+]
+
+
+async def put_topic(ctx: Ctx) -> Resp:
+    t, created = ctx.engine.put_topic(ctx.params["topic"], ctx.body)
+    body = {"topic": t.name, "created": created, "config": t.config.to_wire()}
+    return json_resp(201 if created else 200, body, ctx.t0)
+
+
+async def get_topic(ctx: Ctx) -> Resp:
+    body = ctx.engine.topic_state(ctx.params["topic"], touch=ctx.qbool("touch", True))
+    return json_resp(200, body, ctx.t0)
+
+
+async def list_topics(ctx: Ctx) -> Resp:
+    from topics.engine.core import clamp_page_size
+
+    p = ctx.principal
+    body = ctx.engine.list_topics(
+        prefix=ctx.query("prefix") or "",
+        page_size=clamp_page_size(ctx.query("page_size")),
+        cursor=ctx.query("cursor"),
+        touch=ctx.qbool("touch", False),
+        allow=p.allows_name if p.prefixes else None,
+    )
+    return json_resp(200, body, ctx.t0)
+
+
+async def delete_topic(ctx: Ctx) -> Resp:
+    name = ctx.params["topic"]
+    body = ctx.engine.delete_topic(name, if_empty=ctx.qbool("if_empty", False))
+    if not body["deleted"]:
+        body = {"topic": name, "deleted": False, "routers_removed": []}
+    return json_resp(200, body, ctx.t0)
+
+
+async def wait_published(pw: PendingWrite) -> None:
+    """Wait until a staged batch has been published (its commit point passed)."""
+    if pw.published:
+        return
+    fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def done() -> None:
+        if not fut.done():
+            fut.set_result(None)
+
+    pw.waiters.append(done)
+    await fut
+
+
+async def wait_topic(t: Topic, timeout_s: float, stop: asyncio.Event | None = None) -> bool:
+    """Wait for the next publish/delete/config notification on `t` (True) or timeout."""
+    fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def cb(_t: Topic) -> None:
+        if not fut.done():
+            fut.set_result(None)
+
+    t.listeners.add(cb)
+    try:
+        await asyncio.wait_for(fut, timeout_s)
+        return True
+    except TimeoutError:
+        return False
+    finally:
+        t.listeners.discard(cb)
+
+
+async def write(ctx: Ctx) -> Resp:
+    """`POST /v0/topics/:t` (API §4)."""
+    eng = ctx.engine
+    name = ctx.params["topic"]
+    req = eng.parse_write(ctx.body, ctx.header(b"idempotency-key"))
+    if req.has_config and name not in eng.topics and not ctx.principal.has(SCOPE_ADMIN):
+        raise TopicsError(
+            403, "forbidden", "creating a topic with a config needs the admin scope", {"topic": name}
+        )
+    t1 = time.perf_counter()
+    res = eng.begin_write(name, req)
+    if isinstance(res, dict):
+        return json_resp(200, res, ctx.t0)
+    if isinstance(res, Replay):
+        await wait_published(res.pending)
+        return json_resp(200, eng.replay_result(res.pending), ctx.t0)
+    await wait_published(res)
+    wal_ms = (time.perf_counter() - t1) * 1000
+    body = eng.write_result(res, ctx.qbool("return_seqs", True))
+    if len(ctx.app.routers):
+        ctx.app.kick_routers()
+    fsync_ms = res.fsync_ms if res.topic.config.durability == "fsync" else 0.0
+    return json_resp(
+        201 if res.created else 200,
+        body,
+        ctx.t0,
+        wal_append_ms=round(wal_ms, 3),
+        fsync_ms=round(fsync_ms, 3),
+    )
+
+
+def render_diff(t: Topic, r: object, t0: float) -> bytes:
+    """Splice stored record fragments into a diff response body (API §5)."""
+    from topics.engine.topic import ReadResult
+
+    assert isinstance(r, ReadResult)
+    tomb = b"null" if r.tombstone is None else orjson.dumps(r.tombstone.to_wire())
+    total = (time.perf_counter() - t0) * 1000
+    return b"".join(
+        (
+            b'{"topic":',
+            t.name_json,
+            b',"records":[',
+            b",".join(r.records),
+            b'],"next_from_seq":%d,"head_seq":%d,"earliest_seq":%d,"caught_up":%s,"tombstone":'
+            % (
+                r.next_from_seq,
+                r.head_seq,
+                r.earliest_seq,
+                b"true" if r.caught_up else b"false",
+            ),
+            tomb,
+            b',"lag":%d,"performance":{"server_total_ms":%.3f,"records_scanned":%d}}'
+            % (r.lag, total, r.scanned),
+        )
+    )
+
+
+async def diff(ctx: Ctx) -> Resp:
+    """`POST /v0/topics/:t/diff` with optional long-poll (API §5)."""
+    eng = ctx.engine
+    name = ctx.params["topic"]
+    p = eng.parse_diff(ctx.body)
+    t, r = eng.diff(name, p)
+    if p.wait_ms > 0 and not r.records and r.tombstone is None and r.caught_up:
+        await wait_topic(t, p.wait_ms / 1000)
+        t, r = eng.diff(name, p)
+    return Resp(200, render_diff(t, r, ctx.t0), [JSON_CT])
+
+
+async def delete_records(ctx: Ctx) -> Resp:
+    body = ctx.engine.delete_records(ctx.params["topic"], ctx.body)
+    return json_resp(200, body, ctx.t0)
