@@ -18,7 +18,7 @@ import base64
 import binascii
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -38,6 +38,10 @@ from topics.engine.topic import (
 )
 from topics.engine.topic_config import TopicConfig, parse_topic_config
 from topics.errors import TopicsError, bad_request, not_found_topic, throttled
+
+if TYPE_CHECKING:
+    from topics.engine.queues import Queues
+    from topics.engine.routers import RouterSet
 
 __all__ = ["Engine", "WriteRequest", "DiffParams", "Replay", "encode_cursor", "decode_cursor"]
 
@@ -137,6 +141,9 @@ class Engine:
         self.on_published: Callable[[Topic], None] = lambda t: None
         self.on_topic_deleted: Callable[[Topic], list[str]] = lambda t: []
         self.on_topic_created: Callable[[Topic], None] = lambda t: None
+        # The router and queue layers attach themselves here.
+        self.routers: RouterSet | None = None
+        self.queues: Queues | None = None
 
     # ------------------------------------------------------------- registry
 
@@ -377,7 +384,7 @@ class Engine:
         if not created:
             self.drain_into(t)
             t.apply_retention(now)
-        self._admit(t, req.records)
+        self.admit(t, req.records)
         if created:
             self._register(t)
         pw = t.stage(req.records, now, key)
@@ -388,7 +395,12 @@ class Engine:
         self.journal.submit_write(pw)
         return pw
 
-    def _admit(self, t: Topic, records: list[NewRecord]) -> None:
+    def admit(self, t: Topic, records: list[NewRecord]) -> None:
+        """Admission checks of API §4 steps 3-4: `discard:"reject"` caps and the byte quota.
+
+        Raises `400 record_too_large` (can never fit), `422 topic_full`, or `429
+        throttled` (`max_total_bytes`); changes nothing.
+        """
         cfg = t.config
         n = len(records)
         nbytes = sum(r.nbytes for r in records)
@@ -568,3 +580,6 @@ class Engine:
             "count": t.live_count,
             "bytes": t.live_bytes,
         }
+
+    # Kept for callers written against the earlier private name.
+    _admit = admit

@@ -36,6 +36,23 @@ class Journal(Protocol):
         self, t: Topic, before_seq: int | None, pred: Predicate | None, bound: int
     ) -> None: ...
 
+    def seqs_deleted(self, t: Topic, seqs: list[int]) -> None:
+        """An explicit-seq delete (queue acks, dead-letter moves)."""
+        ...
+
+    def lease_event(
+        self,
+        t: Topic,
+        kind: str,
+        seq: int,
+        node: str,
+        lease_id: int,
+        deadline: int,
+        deliveries: int,
+    ) -> None:
+        """A leases-log event (`claimed`, `released`, `extended`, `acked`)."""
+        ...
+
 
 class MemoryJournal:
     """No durability: every staged write commits immediately."""
@@ -54,5 +71,20 @@ class MemoryJournal:
 
     def records_deleted(
         self, t: Topic, before_seq: int | None, pred: Predicate | None, bound: int
+    ) -> None:
+        pass
+
+    def seqs_deleted(self, t: Topic, seqs: list[int]) -> None:
+        pass
+
+    def lease_event(
+        self,
+        t: Topic,
+        kind: str,
+        seq: int,
+        node: str,
+        lease_id: int,
+        deadline: int,
+        deliveries: int,
     ) -> None:
         pass

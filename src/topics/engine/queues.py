@@ -314,7 +314,7 @@ class Queues:
         self.engine = engine
         self._next_conn = 1
         # Engine declares no `queues` attribute yet; attach without a type: ignore.
-        setattr(engine, "queues", self)  # noqa: B010
+        engine.queues = self
         prev: Callable[[Topic], None] = engine.on_topic_created
 
         def created(t: Topic) -> None:
@@ -609,7 +609,7 @@ class Queues:
             eng.prepare_read(dlq, consume=False)
             records = [self._dl_record(t.name, cfg.max_deliveries, it) for it in items]
             # Honour the dead-letter topic's `discard:"reject"` caps and the byte quota.
-            eng._admit(dlq, records)
+            eng.admit(dlq, records)
             pw = eng.append_logged(dlq, records)
         except TopicsError:
             undo(items)

@@ -368,7 +368,7 @@ class H2Protocol(_Connection):
             self.reset(s.sid, ErrorCodes.NO_ERROR)  # answered early: client may stop uploading
         s.disconnect()  # late send()/receive() calls become no-ops / disconnects
         self.flush()
-        if self.streams:
+        if self.streams or self.transport.is_closing():
             return
         if self.closing:
             self.close()

@@ -1,0 +1,553 @@
+"""Watch sessions and push delivery: the sans-I/O half of SSE watch and the WebSocket.
+
+A :class:`WatchSession` is the memory-only state behind `POST /v0/watch` (API §8,
+SEMANTICS §16): the topic -> cursor map, the read options, the creating key and
+the last-access stamp. :class:`WatchRegistry` validates POST bodies in the order
+API §8.2 fixes and garbage-collects idle sessions (§8.5).
+
+Delivery is one function, :func:`drain_step`: one pass of the read pipeline
+(SEMANTICS §6) for one topic, turned into push :class:`Event` s (tombstone,
+record, caught-up, topic-deleted). The SSE stream and the WebSocket both drive
+it; :class:`WatchStream` wraps it for one SSE connection (composite ids,
+`from_seq_too_old` relabelling, session cursor updates). Record events splice the
+stored JSON fragments; nothing here re-parses a payload.
+
+Everything here is synchronous; the asyncio shells live in `topics.http.watch`
+and `topics.http.ws`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from topics.engine.core import Engine, norm_budget, norm_limit
+from topics.engine.params import boolean, node_set, opt_str, opt_u64, u64
+from topics.engine.topic import Topic
+from topics.errors import TopicsError, bad_request, not_found_topic, throttled
+
+__all__ = [
+    "SESSION_TTL_MS",
+    "WATCH_DEFAULT_BUDGET",
+    "HEARTBEAT_DEFAULT_MS",
+    "ReadOpts",
+    "Event",
+    "Delivery",
+    "StepResult",
+    "drain_step",
+    "WatchSession",
+    "WatchStream",
+    "SseFrame",
+    "WatchRegistry",
+    "encode_composite_id",
+    "decode_composite_id",
+    "clamp_heartbeat",
+    "render_sse",
+    "render_ws",
+    "SHUTDOWN_DATA",
+    "PassResult",
+    "parse_read_opts",
+]
+
+SESSION_TTL_MS = 300_000
+WATCH_DEFAULT_BUDGET = 262_144
+HEARTBEAT_DEFAULT_MS = 15_000
+HEARTBEAT_MIN_MS = 1_000
+HEARTBEAT_MAX_MS = 60_000
+WS_DEFAULT_LIMIT = 1_000
+
+# Event kinds (SSE event names; the WebSocket uses the `_` spelling as its `op`).
+RECORD = "record"
+TOMBSTONE = "tombstone"
+CAUGHT_UP = "caught-up"
+TOPIC_DELETED = "topic-deleted"
+
+_WS_OPS = {
+    RECORD: b"record",
+    TOMBSTONE: b"tombstone",
+    CAUGHT_UP: b"caught_up",
+    TOPIC_DELETED: b"topic_deleted",
+}
+
+SHUTDOWN_DATA = b'{"code":"server_shutting_down","message":"server is shutting down; reconnect"}'
+
+
+# --------------------------------------------------------------------- delivery
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOpts:
+    """Normalised read options shared by every topic of a session / subscription."""
+
+    nodes: list[str] | None = None
+    limit: int = 256
+    budget: int = WATCH_DEFAULT_BUDGET
+    include_meta: bool = True
+    include_tags: bool = False
+    include_data: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One push frame for one topic, before transport rendering.
+
+    `cursor` is the topic cursor after this frame (API §8.4: the tombstone moves it
+    to `gap_to`, a record batch to `next_from_seq`).
+    """
+
+    kind: str
+    topic: str
+    name_json: bytes
+    cursor: int
+    head_seq: int
+    from_seq: int = 0
+    records: tuple[bytes, ...] = ()
+    reason: str = ""
+    gap_from: int = 0
+    gap_to: int = 0
+    earliest_seq: int = 0
+
+    def data(self) -> bytes:
+        """The frame's JSON object (SSE `data:` line; WS message without `op`)."""
+        k = self.kind
+        if k == RECORD:
+            return b"".join(
+                (
+                    b'{"topic":',
+                    self.name_json,
+                    b',"from_seq":%d,"head_seq":%d,"records":[' % (self.from_seq, self.head_seq),
+                    b",".join(self.records),
+                    b'],"to_seq":%d}' % self.cursor,
+                )
+            )
+        if k == TOMBSTONE:
+            return b'{"topic":%b,"reason":%b,"gap_from":%d,"gap_to":%d,"earliest_seq":%d,"head_seq":%d}' % (
+                self.name_json,
+                orjson.dumps(self.reason),
+                self.gap_from,
+                self.gap_to,
+                self.earliest_seq,
+                self.head_seq,
+            )
+        if k == CAUGHT_UP:
+            return b'{"topic":%b,"head_seq":%d}' % (self.name_json, self.head_seq)
+        return b'{"topic":%b,"head_seq":0,"reason":"deleted"}' % self.name_json
+
+    def to_dict(self) -> dict[str, Any]:
+        """The frame data as a dict (tests, debugging)."""
+        out: dict[str, Any] = orjson.loads(self.data())
+        return out
+
+
+@dataclass(slots=True)
+class Delivery:
+    """Per-connection delivery state of one topic (an SSE stream or a WS subscription).
+
+    `topic` is the instance resolved when the connection (or subscription) started;
+    once it is no longer alive the topic is reported deleted exactly once.
+    """
+
+    name: str
+    topic: Topic | None
+    first_read: bool = True
+    pending_caught_up: bool = True
+    deleted: bool = False
+
+
+@dataclass(slots=True)
+class StepResult:
+    """Outcome of :func:`drain_step`: the events, the final cursor, and whether to stop."""
+
+    events: list[Event]
+    cursor: int
+    drained: bool
+
+
+def drain_step(
+    engine: Engine,
+    d: Delivery,
+    cursor: int,
+    opts: ReadOpts,
+    *,
+    relabel_first: bool,
+) -> StepResult:
+    """Run one read-pipeline pass for `d` from `cursor` and turn it into events.
+
+    Order within a step: tombstone, record batch, caught-up (API §8.4). With
+    `relabel_first` (SSE) a tombstone from the first read of the connection is
+    reported as `from_seq_too_old`. `caught-up` is emitted the first time the
+    topic is drained and again after any later record/tombstone once drained.
+    `drained` is True when the topic is at head (or gone): the caller moves on.
+    """
+    t = d.topic
+    if d.deleted:
+        return StepResult([], cursor, True)
+    if t is None or not t.alive:
+        d.deleted = True
+        name_json = t.name_json if t is not None else orjson.dumps(d.name)
+        ev = Event(TOPIC_DELETED, d.name, name_json, cursor, 0)
+        return StepResult([ev], cursor, True)
+    now = engine.prepare_read(t)
+    r = t.read(
+        cursor,
+        opts.limit,
+        opts.budget,
+        now=now,
+        nodes=opts.nodes,
+        include_tags=opts.include_tags,
+        include_meta=opts.include_meta,
+        include_data=opts.include_data,
+    )
+    events: list[Event] = []
+    cur = cursor
+    tomb = r.tombstone
+    if tomb is not None:
+        reason = "from_seq_too_old" if (relabel_first and d.first_read) else tomb.reason
+        cur = tomb.gap_to
+        events.append(
+            Event(
+                TOMBSTONE,
+                t.name,
+                t.name_json,
+                cur,
+                tomb.head_seq,
+                reason=reason,
+                gap_from=tomb.gap_from,
+                gap_to=tomb.gap_to,
+                earliest_seq=tomb.earliest_seq,
+            )
+        )
+        d.pending_caught_up = True
+    d.first_read = False
+    if r.records:
+        events.append(
+            Event(
+                RECORD,
+                t.name,
+                t.name_json,
+                r.next_from_seq,
+                r.head_seq,
+                from_seq=cur,
+                records=tuple(r.records),
+            )
+        )
+        d.pending_caught_up = True
+    cur = r.next_from_seq
+    drained = r.caught_up
+    if drained and d.pending_caught_up:
+        events.append(Event(CAUGHT_UP, t.name, t.name_json, cur, r.head_seq))
+        d.pending_caught_up = False
+    if not drained and not r.records and tomb is None and r.next_from_seq == cursor:
+        drained = True  # defensive: no progress possible now
+    return StepResult(events, cur, drained)
+
+
+def render_sse(ev: Event, event_id: str | None) -> bytes:
+    """One SSE frame: `id:` (optional), `event:`, one `data:` line, blank line."""
+    head = b"id: %b\n" % event_id.encode() if event_id is not None else b""
+    return b"%bevent: %b\ndata: %b\n\n" % (head, ev.kind.encode(), ev.data())
+
+
+def render_ws(ev: Event) -> bytes:
+    """One WebSocket message (API §9): `{"op": ..., <frame fields>}`."""
+    data = ev.data()
+    return b'{"op":"' + _WS_OPS[ev.kind] + b'",' + data[1:]
+
+
+# --------------------------------------------------------------- composite ids
+
+
+def encode_composite_id(cursors: dict[str, int]) -> str:
+    """base64url (no padding) of the sorted compact JSON `{topic: cursor}` (API §8.4)."""
+    raw = orjson.dumps(cursors, option=orjson.OPT_SORT_KEYS)
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def decode_composite_id(value: str) -> dict[str, int] | None:
+    """Decode a `Last-Event-ID` (padded or not); None when undecodable.
+
+    Entries whose value is not a u64 are ignored.
+    """
+    v = value.strip()
+    if not v:
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(v.rstrip("=") + "=" * (-len(v.rstrip("=")) % 4))
+        obj = orjson.loads(raw)
+    except (binascii.Error, ValueError):
+        return None
+    if not isinstance(obj, dict):
+        return None
+    out: dict[str, int] = {}
+    for k, n in obj.items():
+        if isinstance(n, int) and not isinstance(n, bool) and 0 <= n < (1 << 64):
+            out[k] = n
+    return out
+
+
+def clamp_heartbeat(raw: int, test_floor: int | None = None) -> int:
+    """Heartbeat interval in ms: [1000, 60000], floor lowered by the test hook."""
+    floor = HEARTBEAT_MIN_MS
+    if test_floor is not None:
+        floor = min(max(test_floor, 1), HEARTBEAT_MIN_MS)
+    return min(max(raw, floor), HEARTBEAT_MAX_MS)
+
+
+# ------------------------------------------------------------------- sessions
+
+
+@dataclass(slots=True, eq=False)
+class WatchSession:
+    """A watch subscription (SEMANTICS §16). Streams on one wid share `cursors`."""
+
+    wid: str
+    cursors: dict[str, int]
+    opts: ReadOpts
+    heartbeat_ms: int
+    creator: bytes | None
+    bound: bool
+    last_access_ms: int
+    open_streams: int = 0
+
+    def composite_id(self) -> str:
+        return encode_composite_id(self.cursors)
+
+    def rewind(self, last_event_id: str | None) -> None:
+        """Apply a `Last-Event-ID`: per known topic, cursor = min(cursor, id value)."""
+        if not last_event_id:
+            return
+        ids = decode_composite_id(last_event_id)
+        if not ids:
+            return
+        for name, seq in ids.items():
+            cur = self.cursors.get(name)
+            if cur is not None and seq < cur:
+                self.cursors[name] = seq
+
+
+@dataclass(frozen=True, slots=True)
+class SseFrame:
+    """A produced SSE frame: its composite id, event name and data JSON."""
+
+    id: str
+    event: str
+    data: bytes
+
+    def to_bytes(self) -> bytes:
+        return b"id: %b\nevent: %b\ndata: %b\n\n" % (
+            self.id.encode(),
+            self.event.encode(),
+            self.data,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = orjson.loads(self.data)
+        return out
+
+
+@dataclass(slots=True)
+class PassResult:
+    frames: list[SseFrame]
+    drained: bool
+
+
+class WatchStream:
+    """Delivery state of one SSE connection on a session (API §8.4 stream order)."""
+
+    def __init__(self, engine: Engine, session: WatchSession) -> None:
+        self.engine = engine
+        self.session = session
+        self.deliveries: dict[str, Delivery] = {
+            name: Delivery(name, engine.get(name)) for name in sorted(session.cursors)
+        }
+
+    def topics(self) -> list[Topic]:
+        """The live instances this connection listens to."""
+        return [d.topic for d in self.deliveries.values() if d.topic is not None]
+
+    def names(self) -> list[str]:
+        """Topics still to process, in name order (deleted ones are skipped)."""
+        return [n for n, d in self.deliveries.items() if not d.deleted]
+
+    @property
+    def all_deleted(self) -> bool:
+        return all(d.deleted for d in self.deliveries.values())
+
+    def pass_topic(self, name: str) -> PassResult:
+        """One drain step for `name`; advances the session cursor frame by frame."""
+        d = self.deliveries[name]
+        cursors = self.session.cursors
+        step = drain_step(self.engine, d, cursors[name], self.session.opts, relabel_first=True)
+        frames: list[SseFrame] = []
+        for ev in step.events:
+            cursors[name] = ev.cursor
+            frames.append(SseFrame(encode_composite_id(cursors), ev.kind, ev.data()))
+        cursors[name] = step.cursor
+        return PassResult(frames, step.drained)
+
+    def shutdown_frame(self) -> SseFrame:
+        return SseFrame(self.session.composite_id(), "error", SHUTDOWN_DATA)
+
+
+# ------------------------------------------------------------------- registry
+
+
+def _new_wid() -> str:
+    return "wid_" + base64.urlsafe_b64encode(secrets.token_bytes(16)).rstrip(b"=").decode()
+
+
+@dataclass(slots=True)
+class _Entry:
+    from_seq: int | None
+    tail: bool
+
+
+@dataclass(slots=True)
+class WatchRegistry:
+    """All watch sessions of the instance (memory only, API §8.1)."""
+
+    engine: Engine
+    sessions: dict[str, WatchSession] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.sessions)
+
+    def get(self, wid: str) -> WatchSession | None:
+        return self.sessions.get(wid)
+
+    def gc(self, now: int) -> int:
+        """Drop sessions idle > TTL with no open stream; returns how many went."""
+        dead = [
+            w
+            for w, s in self.sessions.items()
+            if s.open_streams <= 0 and now - s.last_access_ms > SESSION_TTL_MS
+        ]
+        for w in dead:
+            del self.sessions[w]
+        return len(dead)
+
+    def create(
+        self,
+        body: Any,
+        principal_digest: bytes | None,
+        bound: bool,
+        lenient: bool,
+        allow: Callable[[str], bool] | None = None,
+    ) -> dict[str, Any]:
+        """Validate and store a session (`POST /v0/watch`); returns the body sans `performance`.
+
+        Order (API §8.2): parse -> count (400) -> allowlist (403) -> idle GC ->
+        topic resolution (404 unless `lenient`) -> session cap (429).
+        """
+        entries, opts, heartbeat = self._parse(body)
+        lim = self.engine.limits
+        if not entries or len(entries) > lim.max_watch_topics:
+            raise bad_request(f"topics must have 1..{lim.max_watch_topics} entries")
+        names = sorted(entries)
+        if allow is not None:
+            for name in names:
+                if not allow(name):
+                    raise TopicsError(
+                        403, "forbidden", f'this key may not access "{name}"', {"topic": name}
+                    )
+        now = self.engine.clock.now_ms()
+        self.gc(now)
+        cursors: dict[str, int] = {}
+        topics_out: dict[str, Any] = {}
+        for name in names:
+            t = self.engine.get(name)
+            if t is None:
+                if lenient:
+                    continue
+                raise not_found_topic(name)
+            self.engine.prepare_read(t, consume=False)
+            e = entries[name]
+            cur = t.head_seq if e.tail else (e.from_seq or 0)
+            cursors[name] = cur
+            topics_out[name] = {
+                "from_seq": cur,
+                "head_seq": t.head_seq,
+                "earliest_seq": t.earliest_seq,
+            }
+        cap = lim.max_watch_sessions
+        if cap and len(self.sessions) >= cap:
+            raise throttled("max_watch_sessions", cap)
+        wid = _new_wid()
+        while wid in self.sessions:  # pragma: no cover - 128 random bits
+            wid = _new_wid()
+        self.sessions[wid] = WatchSession(
+            wid=wid,
+            cursors=cursors,
+            opts=opts,
+            heartbeat_ms=heartbeat,
+            creator=principal_digest if bound else None,
+            bound=bound,
+            last_access_ms=now,
+        )
+        return {
+            "wid": wid,
+            "stream_url": f"/v0/watch/{wid}",
+            "session_ttl_ms": SESSION_TTL_MS,
+            "topics": topics_out,
+        }
+
+    def _parse(self, body: Any) -> tuple[dict[str, _Entry], ReadOpts, int]:
+        if not isinstance(body, dict):
+            raise bad_request("watch body must be a JSON object")
+        raw = body.get("topics")
+        if not isinstance(raw, dict):
+            raise bad_request("topics must be an object of name -> {from_seq?, tail?}")
+        entries: dict[str, _Entry] = {}
+        for name, spec in raw.items():
+            if spec is None:
+                spec = {}
+            if not isinstance(spec, dict):
+                raise bad_request(f"topics.{name} must be an object")
+            entries[name] = _Entry(opt_u64(spec, "from_seq"), boolean(spec, "tail", False))
+        opts = parse_read_opts(
+            body,
+            max_limit=self.engine.limits.max_limit,
+            default_limit=None,
+            default_budget=WATCH_DEFAULT_BUDGET,
+        )
+        heartbeat = u64(body, "heartbeat_ms", HEARTBEAT_DEFAULT_MS)
+        consistency = opt_str(body, "consistency")
+        if consistency is not None and consistency not in ("eventual", "strong"):
+            raise bad_request('consistency must be "eventual" or "strong"')
+        return entries, opts, heartbeat
+
+
+def parse_read_opts(
+    body: dict[str, Any],
+    *,
+    max_limit: int,
+    default_limit: int | None,
+    default_budget: int,
+) -> ReadOpts:
+    """`node`, `limit`, `max_batch_bytes` and the include flags of a watch/subscribe body.
+
+    `limit`: absent => `default_limit` (None => 256), `0` => 256, clamped to
+    `max_limit`. `max_batch_bytes`: absent => `default_budget`, `0` => 1 MiB,
+    clamped to 8 MiB.
+    """
+    raw_limit = opt_u64(body, "limit")
+    if raw_limit is None and default_limit is not None:
+        limit = min(default_limit, max_limit)
+    else:
+        limit = norm_limit(raw_limit or 0, max_limit)
+    raw_budget = opt_u64(body, "max_batch_bytes")
+    budget = default_budget if raw_budget is None else norm_budget(raw_budget)
+    return ReadOpts(
+        nodes=node_set(body),
+        limit=limit,
+        budget=budget,
+        include_meta=boolean(body, "include_meta", True),
+        include_tags=boolean(body, "include_tags", False),
+        include_data=boolean(body, "include_data", True),
+    )

@@ -1,0 +1,66 @@
+"""Start the real `topics serve` process on an ephemeral port, stop it by PID."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["ServerProcess"]
+
+
+class ServerProcess:
+    """`python -m topics serve` bound to 127.0.0.1:0, its port read from TOPICS_PORT_FILE."""
+
+    def __init__(self, tmp: Path, env: dict[str, str] | None = None) -> None:
+        self.tmp = tmp
+        self.port_file = tmp / "port"
+        self.log_path = tmp / "server.log"
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("TOPICS_")}
+        full_env.update(
+            {
+                "TOPICS_HOST": "127.0.0.1",
+                "TOPICS_PORT": "0",
+                "TOPICS_PORT_FILE": str(self.port_file),
+                "TOPICS_DATA_DIR": str(tmp / "data"),
+            }
+        )
+        full_env.update(env or {})
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "topics", "serve"],
+            env=full_env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        self.host, self.port = self._wait_port()
+        self.base = f"http://{self.host}:{self.port}"
+
+    def _wait_port(self, timeout: float = 20.0) -> tuple[str, int]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{self.log_path.read_text()}")
+            if self.port_file.exists():
+                text = self.port_file.read_text().strip()
+                if text:
+                    host, _, port = text.rpartition(":")
+                    return host, int(port)
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("server did not write its port file in time")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
+        """Signal the process we started (by PID) and wait; returns its exit code."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout)
+        self._log.close()
+        return int(self.proc.returncode)
