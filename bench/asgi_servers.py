@@ -43,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -93,8 +94,10 @@ def serve_uvicorn(kind: str, port: int) -> None:
 
 
 # -- candidates ----------------------------------------------------------------------
-def candidates(port: int) -> dict[str, list[str]]:
+def candidates(port: int, tmp: Path) -> dict[str, list[str]]:
     py, me = sys.executable, str(Path(__file__).resolve())
+    hypercorn_config = tmp / "hypercorn.toml"
+    hypercorn_config.write_text("keep_alive_max_requests = 100000000\n")
     return {
         "uvicorn-httptools": [py, me, "--serve", "httptools", "--port", str(port)],
         "uvicorn-autoproto": [py, me, "--serve", "autoproto", "--port", str(port)],
@@ -107,6 +110,8 @@ def candidates(port: int) -> dict[str, list[str]]:
         "hypercorn": [
             str(VENV_BIN / "hypercorn"),
             *("-k", "uvloop", "-b", f"127.0.0.1:{port}", "--log-level", "warning"),
+            # hypercorn closes keep-alive connections after 1000 requests by default
+            *("--config", str(hypercorn_config)),
             "asgi_servers:app",
         ],
     }
@@ -118,7 +123,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start(cmd: list[str], port: int) -> subprocess.Popen[bytes]:
+def start(cmd: list[str], port: int, cpus: set[int] | None) -> subprocess.Popen[bytes]:
+    """Start a server (pinned to ``cpus``, inherited by its workers) and wait until it listens."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT / "src")]))
     proc = subprocess.Popen(
         cmd,
@@ -127,6 +133,7 @@ def start(cmd: list[str], port: int) -> subprocess.Popen[bytes]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,
+        preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
     )
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -318,29 +325,58 @@ def versions() -> dict[str, str]:
     return out
 
 
-def run(args: argparse.Namespace) -> list[dict[str, Any]]:
-    results = []
-    with tempfile.TemporaryDirectory() as tmpdir:
-        for name in args.only or list(candidates(0)):
-            port = free_port()
-            row: dict[str, Any] = {"server": name, "loadavg_before": os.getloadavg()[0]}
-            print(f"== {name} on 127.0.0.1:{port}", file=sys.stderr, flush=True)
-            proc = start(candidates(port)[name], port)
+@contextlib.contextmanager
+def pinned(cpus: set[int] | None) -> Iterator[None]:
+    """Pin this (client) process to ``cpus`` for the duration of the block."""
+    if not cpus:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def measure(
+    name: str, args: argparse.Namespace, tmp: Path, pins: tuple[Any, Any]
+) -> dict[str, Any]:
+    """Start candidate ``name``, run every measurement against it, stop it."""
+    server_cpus, client_cpus = pins
+    port = free_port()
+    row: dict[str, Any] = {"server": name, "loadavg_before": os.getloadavg()[0]}
+    print(f"== {name} on 127.0.0.1:{port}", file=sys.stderr, flush=True)
+    proc = start(candidates(port, tmp)[name], port, server_cpus)
+    row["pid"] = proc.pid
+    steps = {
+        "h2c": lambda: h2c_supported(port),
+        "h1_latency": lambda: h1_latency(port, args.requests, args.warmup),
+        "h2_latency": lambda: h2_latency(port, args.requests, args.warmup) if row["h2c"] else None,
+        "throughput": lambda: throughput(port, args.connections, args.duration, tmp),
+    }
+    try:
+        for key, step in steps.items():
             try:
-                row["pid"] = proc.pid
-                row["h2c"] = h2c_supported(port)
-                row["h1_latency"] = h1_latency(port, args.requests, args.warmup)
-                row["h2_latency"] = (
-                    h2_latency(port, args.requests, args.warmup) if row["h2c"] else None
-                )
-                row["throughput"] = throughput(port, args.connections, args.duration, Path(tmpdir))
+                with pinned(client_cpus if key.endswith("latency") else None):
+                    row[key] = step()
             except Exception as exc:
-                row["error"] = f"{type(exc).__name__}: {exc}"
-            finally:
-                stop(proc)
-            print(f"   {row}", file=sys.stderr, flush=True)
-            results.append(row)
-    return results
+                row[key] = None
+                row.setdefault("errors", []).append(f"{key}: {type(exc).__name__}: {exc}")
+    finally:
+        stop(proc)
+    print(f"   {row}", file=sys.stderr, flush=True)
+    return row
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    # On 2+ CPUs pin server and latency client to different CPUs: unpinned, the
+    # scheduler flips between same-core and cross-core ping-pong (a ~40 us swing).
+    cpus = sorted(os.sched_getaffinity(0))
+    pins = ({cpus[-1]}, {cpus[0]}) if not args.no_pin and len(cpus) >= 2 else (None, None)
+    with tempfile.TemporaryDirectory() as tmpdir:
+        tmp = Path(tmpdir)
+        return [measure(name, args, tmp, pins) for name in args.only or list(candidates(0, tmp))]
 
 
 def table(results: list[dict[str, Any]], conns: int) -> str:
@@ -360,8 +396,8 @@ def table(results: list[dict[str, Any]], conns: int) -> str:
             h2.get("p99_us", "-"),
         ]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-        if "error" in r:
-            lines.append(f"| ↳ error: {r['error']} ||||||")
+        for error in r.get("errors", []):
+            lines.append(f"| ↳ {r['server']} error: {error} ||||||")
     return "\n".join(lines)
 
 
@@ -374,6 +410,7 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--duration", type=float, default=5.0, help="throughput run, seconds")
     parser.add_argument("--only", nargs="*", help="subset of candidate names")
+    parser.add_argument("--no-pin", action="store_true", help="do not pin server/client CPUs")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "asgi_servers.json")
     parser.add_argument("--serve", choices=["httptools", "autoproto"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -386,6 +423,8 @@ def main() -> None:
         f"single run on a shared, noisy {os.cpu_count()}-vCPU machine; the load generator competes "
         "with the server for CPU, so compare rows within one run rather than across runs"
     )
+    if not args.no_pin and len(os.sched_getaffinity(0)) >= 2:
+        note += "; servers pinned to the last CPU, latency clients to the first (wrk unpinned)"
     print(table(results, args.connections))
     print(f"\nNote: {note}. h2 latency uses a python-h2 client (its own cost included).")
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -72,7 +72,7 @@ def test_installs_hooks_and_chains_on_published() -> None:
     seen: list[str] = []
     eng.on_published = lambda t: seen.append(t.name)
     rs = RouterSet(eng)
-    assert eng.routers is rs  # type: ignore[attr-defined]
+    assert eng.routers is rs
     assert eng.drain_into == rs.drain_into
     assert eng.on_topic_deleted == rs.remove_touching
     put(rs, "r", "a", "b")

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from topics.engine.params import Predicate
+    from topics.engine.routers import Router
     from topics.engine.topic import PendingWrite, Topic
     from topics.engine.topic_config import TopicConfig
 
@@ -39,6 +40,12 @@ class Journal(Protocol):
     def seqs_deleted(self, t: Topic, seqs: list[int]) -> None:
         """An explicit-seq delete (queue acks, dead-letter moves)."""
         ...
+
+    def router_put(self, r: Router) -> None:
+        """A router created or updated (definition, cursor, dest base)."""
+        ...
+
+    def router_deleted(self, r: Router) -> None: ...
 
     def lease_event(
         self,
@@ -75,6 +82,12 @@ class MemoryJournal:
         pass
 
     def seqs_deleted(self, t: Topic, seqs: list[int]) -> None:
+        pass
+
+    def router_put(self, r: Router) -> None:
+        pass
+
+    def router_deleted(self, r: Router) -> None:
         pass
 
     def lease_event(

@@ -224,7 +224,7 @@ class RouterSet:
         engine.on_published = on_published
         engine.drain_into = self.drain_into
         engine.on_topic_deleted = self.remove_touching
-        setattr(engine, "routers", self)  # noqa: B010 - Engine declares no such attribute yet
+        engine.routers = self
 
     # ----------------------------------------------------------- registry
 
@@ -623,11 +623,7 @@ class RouterSet:
         involuntary loss (readers crossing it get a `source_trim` tombstone),
         so the live slots below it are evicted like a cap eviction would.
         """
-        dst.append_holes(n, now)
-        dst.l_trim = max(dst.l_trim, dst.head_seq)
-        # No public Topic API evicts up to a raised floor; `_evict_to` is the one
-        # apply_retention uses for the same purpose.
-        dst._evict_to(dst.l_trim)
+        dst.source_trim(n, now)
 
     def _prune_keys(self, dst: Topic) -> None:
         """Forget exactly-once keys whose copies fell below the dest's earliest seq."""

@@ -403,6 +403,19 @@ class Topic:
         self._append_holes(n, max(ts, self.last_ts))
         self.last_ts = max(ts, self.last_ts)
 
+    def source_trim(self, n: int, ts: int) -> None:
+        """Record `n` seqs a router could not derive (its source lost them).
+
+        Appends `n` deleted holes, raises `L_trim` to the last of them and evicts
+        everything at or below it, so readers crossing the gap get a
+        `source_trim` tombstone (SEMANTICS §12.2, §7.4).
+        """
+        if n <= 0:
+            return
+        self.append_holes(n, ts)
+        self.l_trim = max(self.l_trim, self.head_seq)
+        self._evict_to(self.l_trim)
+
     # ------------------------------------------------------------- read path
 
     def read(

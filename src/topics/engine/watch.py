@@ -127,13 +127,16 @@ class Event:
                 )
             )
         if k == TOMBSTONE:
-            return b'{"topic":%b,"reason":%b,"gap_from":%d,"gap_to":%d,"earliest_seq":%d,"head_seq":%d}' % (
-                self.name_json,
-                orjson.dumps(self.reason),
-                self.gap_from,
-                self.gap_to,
-                self.earliest_seq,
-                self.head_seq,
+            return (
+                b'{"topic":%b,"reason":%b,"gap_from":%d,"gap_to":%d,"earliest_seq":%d,"head_seq":%d}'
+                % (
+                    self.name_json,
+                    orjson.dumps(self.reason),
+                    self.gap_from,
+                    self.gap_to,
+                    self.earliest_seq,
+                    self.head_seq,
+                )
             )
         if k == CAUGHT_UP:
             return b'{"topic":%b,"head_seq":%d}' % (self.name_json, self.head_seq)

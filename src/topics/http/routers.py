@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from topics.engine.core import clamp_page_size
 from topics.errors import TopicsError
 from topics.http.app import Ctx
@@ -41,17 +39,13 @@ async def get_router(ctx: Ctx) -> Resp:
 
 async def list_routers(ctx: Ctx) -> Resp:
     p = ctx.principal
-
-    def allow(r: Any) -> bool:
-        return p.allows_name(r.name) and p.allows_name(r.source) and p.allows_name(r.dest)
-
     body = ctx.app.routers.list(
         prefix=ctx.query("prefix") or "",
         source=ctx.query("source"),
         dest=ctx.query("dest"),
         page_size=clamp_page_size(ctx.query("page_size")),
         cursor=ctx.query("cursor"),
-        allow=allow if p.prefixes else None,
+        allow=p.allows_name if p.prefixes else None,
     )
     return json_resp(200, body, ctx.t0)
 

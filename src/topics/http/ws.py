@@ -1,0 +1,439 @@
+"""The WebSocket data plane: `GET /v0/ws` (API §9).
+
+One connection runs three tasks: the reader (commands, handled in order), the
+delivery loop (every subscription drained through the same read pipeline as
+diff and SSE, :func:`topics.engine.watch.drain_step`) and the writer. Outbound
+messages pass through a 4-slot :class:`Outbox`; producers reserve a slot
+*before* reading/serialising, so a slow client backpressures at its socket
+instead of piling JSON up in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from topics.config import SCOPE_ADMIN, SCOPE_READ, SCOPE_WRITE
+from topics.engine.core import DEFAULT_BUDGET as WS_DEFAULT_BUDGET
+from topics.engine.core import Replay
+from topics.engine.params import boolean, opt_u64
+from topics.engine.records import loads
+from topics.engine.topic import Topic
+from topics.engine.watch import (
+    WS_DEFAULT_LIMIT,
+    Delivery,
+    ReadOpts,
+    drain_step,
+    parse_read_opts,
+    render_ws,
+)
+from topics.errors import TopicsError
+from topics.http.app import Ctx
+from topics.http.responses import perf
+from topics.http.topics import wait_published
+
+__all__ = ["websocket", "Outbox", "OUTBOX_SLOTS"]
+
+OUTBOX_SLOTS = 4
+SHUTDOWN_FLUSH_S = 5.0
+_PUBLISH_FIELDS = (
+    ("topic", str),
+    ("node", str),
+    ("idempotency_key", str),
+    ("create", bool),
+    ("config", dict),
+    ("disable_backpressure", bool),
+    ("return_seqs", bool),
+)
+
+
+class WsError(Exception):
+    """A command failure answered with `{"op":"error", ...}`."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class Outbox:
+    """A tiny bounded outbound queue: at most `slots` messages reserved, queued or in flight."""
+
+    def __init__(self, send: Any, slots: int = OUTBOX_SLOTS) -> None:
+        self._send = send
+        self._sem = asyncio.Semaphore(slots)
+        self._q: deque[bytes] = deque()
+        self._ready = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    async def reserve(self) -> None:
+        """Wait for a free slot (before building the message that will fill it)."""
+        await self._sem.acquire()
+
+    def unreserve(self) -> None:
+        self._sem.release()
+
+    def push(self, msg: bytes) -> None:
+        """Queue a message into a slot taken with :meth:`reserve`."""
+        self._q.append(msg)
+        self._idle.clear()
+        self._ready.set()
+
+    async def put(self, msg: bytes) -> None:
+        await self.reserve()
+        self.push(msg)
+
+    async def flushed(self) -> None:
+        """Wait until every queued message has been handed to the socket."""
+        await self._idle.wait()
+
+    async def run(self) -> None:
+        while True:
+            while not self._q:
+                self._idle.set()
+                self._ready.clear()
+                await self._ready.wait()
+            msg = self._q.popleft()
+            try:
+                await self._send({"type": "websocket.send", "text": msg.decode()})
+            finally:
+                self._sem.release()
+
+
+@dataclass(slots=True, eq=False)
+class Subscription:
+    delivery: Delivery
+    cursor: int
+    opts: ReadOpts
+
+
+def _msg(op: str, request_id: Any, **fields: Any) -> bytes:
+    return orjson.dumps({"op": op, "request_id": request_id, **fields})
+
+
+def _error(request_id: Any, code: str, message: str) -> bytes:
+    return _msg("error", request_id, code=code, message=message)
+
+
+class Connection:
+    """State of one WebSocket connection."""
+
+    def __init__(self, ctx: Ctx) -> None:
+        self.ctx = ctx
+        self.app = ctx.app
+        self.engine = ctx.engine
+        self.principal = ctx.principal
+        self.outbox = Outbox(ctx.send)
+        self.subs: dict[str, Subscription] = {}
+        self.wake = asyncio.Event()
+
+    def on_topic(self, _t: Topic) -> None:
+        self.wake.set()
+
+    # ------------------------------------------------------------- reader
+
+    async def reader(self) -> None:
+        while True:
+            msg = await self.ctx.receive()
+            typ = msg["type"]
+            if typ == "websocket.disconnect":
+                return
+            if typ != "websocket.receive":
+                continue
+            text = msg.get("text")
+            if text is None:
+                await self.outbox.put(
+                    _error(None, "unsupported_message", "binary frames are not supported")
+                )
+                continue
+            await self.command(text)
+
+    async def command(self, text: str) -> None:
+        try:
+            cmd = loads(text)
+        except ValueError as exc:
+            await self.outbox.put(_error(None, "invalid_json", f"malformed JSON: {exc}"))
+            return
+        rid = cmd.get("request_id") if isinstance(cmd, dict) else None
+        reply: bytes | None
+        try:
+            if not isinstance(cmd, dict):
+                raise WsError("invalid_json", "a command must be a JSON object")
+            op = cmd.get("op")
+            if op == "subscribe":
+                reply = await self.subscribe(cmd, rid)
+            elif op == "unsubscribe":
+                reply = self.unsubscribe(cmd, rid)
+            elif op == "publish":
+                reply = await self.publish(cmd, rid)
+            elif op == "ping":
+                reply = _msg("pong", rid)
+            else:
+                raise WsError("invalid_json", f"unknown op {op!r}")
+        except WsError as err:
+            reply = _error(rid, err.code, err.message)
+        except TopicsError as err:
+            reply = _error(rid, err.code, err.message)
+        if reply is not None:
+            await self.outbox.put(reply)
+
+    # ---------------------------------------------------------- subscribe
+
+    async def subscribe(self, cmd: dict[str, Any], rid: Any) -> bytes | None:
+        wanted: dict[str, tuple[int | None, bool]] = {}
+        try:
+            topics = cmd.get("topics")
+            if topics is not None:
+                if not isinstance(topics, dict):
+                    raise WsError("invalid_json", "topics must be an object")
+                for name, spec in topics.items():
+                    if spec is None:
+                        spec = {}
+                    if not isinstance(spec, dict):
+                        raise WsError("invalid_json", f"topics.{name} must be an object")
+                    wanted[name] = _entry(spec)
+            topic = cmd.get("topic")
+            if topic is not None:
+                if not isinstance(topic, str):
+                    raise WsError("invalid_json", "topic must be a string")
+                wanted[topic] = _entry(cmd)
+            opts = parse_read_opts(
+                cmd,
+                max_limit=self.engine.limits.max_limit,
+                default_limit=WS_DEFAULT_LIMIT,
+                default_budget=WS_DEFAULT_BUDGET,
+            )
+            lenient = boolean(cmd, "lenient", False)
+        except TopicsError as err:
+            raise WsError("invalid_json", err.message) from None
+        if not wanted:
+            raise WsError("invalid_request", "subscribe needs topic or topics")
+        p = self.principal
+        if not p.has(SCOPE_READ):
+            raise WsError("forbidden", "this key lacks the read scope")
+        names = sorted(wanted)
+        for name in names:
+            if not p.allows_name(name):
+                raise WsError("forbidden", f'this key may not access "{name}"')
+        resolved: list[tuple[str, Topic, int]] = []
+        for name in names:
+            t = self.engine.get(name)
+            if t is None:
+                if lenient:
+                    continue
+                raise TopicsError(
+                    404, "topic_not_found", f'topic "{name}" does not exist', {"topic": name}
+                )
+            self.engine.prepare_read(t, consume=False)
+            from_seq, tail = wanted[name]
+            resolved.append((name, t, t.head_seq if tail else (from_seq or 0)))
+        reply = _msg(
+            "subscribed",
+            rid,
+            topics={
+                name: {"from_seq": cur, "head_seq": t.head_seq, "earliest_seq": t.earliest_seq}
+                for name, t, cur in resolved
+            },
+        )
+        # The reply is queued before the subscriptions exist, so no frame of theirs
+        # can overtake it.
+        await self.outbox.put(reply)
+        for name, t, cur in resolved:
+            old = self.subs.get(name)
+            if old is not None and old.delivery.topic is not None:
+                old.delivery.topic.listeners.discard(self.on_topic)
+            self.subs[name] = Subscription(Delivery(name, t), cur, opts)
+            t.listeners.add(self.on_topic)
+        self.wake.set()
+        return None
+
+    def unsubscribe(self, cmd: dict[str, Any], rid: Any) -> bytes:
+        sent: list[str] = []
+        topic = cmd.get("topic")
+        if topic is not None:
+            if not isinstance(topic, str):
+                raise WsError("invalid_json", "topic must be a string")
+            sent.append(topic)
+        topics = cmd.get("topics")
+        if topics is not None:
+            if not isinstance(topics, list) or not all(isinstance(n, str) for n in topics):
+                raise WsError("invalid_json", "topics must be an array of names")
+            sent.extend(topics)
+        if not sent:
+            raise WsError("invalid_request", "unsubscribe needs topic or topics")
+        for name in sent:
+            self._drop(name)
+        return _msg("unsubscribed", rid, topics=sent)
+
+    def _drop(self, name: str, sub: Subscription | None = None) -> None:
+        cur = self.subs.get(name)
+        if cur is None or (sub is not None and cur is not sub):
+            return
+        del self.subs[name]
+        t = cur.delivery.topic
+        if t is not None and not any(s.delivery.topic is t for s in self.subs.values()):
+            t.listeners.discard(self.on_topic)
+
+    # ------------------------------------------------------------ publish
+
+    async def publish(self, cmd: dict[str, Any], rid: Any) -> bytes:
+        t0 = time.perf_counter()
+        if not isinstance(cmd.get("topic"), str):
+            raise WsError("invalid_json", "publish needs a string topic")
+        if not isinstance(cmd.get("records"), list):
+            raise WsError("invalid_json", "publish needs a records array")
+        for rec in cmd["records"]:
+            if not isinstance(rec, dict) or "data" not in rec:
+                raise WsError("invalid_json", "every record must be an object with data")
+        for fname, ftype in _PUBLISH_FIELDS:
+            v = cmd.get(fname)
+            if v is not None and not isinstance(v, ftype):
+                raise WsError("invalid_json", f"{fname} has the wrong type")
+        name: str = cmd["topic"]
+        p = self.principal
+        if not p.has(SCOPE_WRITE):
+            raise WsError("forbidden", "this key lacks the write scope")
+        if cmd.get("config") is not None and not p.has(SCOPE_ADMIN):
+            raise WsError("forbidden", "a publish with a config needs the admin scope")
+        if not p.allows_name(name):
+            raise WsError("forbidden", f'this key may not access "{name}"')
+        eng = self.engine
+        body = {k: v for k, v in cmd.items() if k not in ("op", "request_id", "return_seqs")}
+        req = eng.parse_write(body, None)
+        t1 = time.perf_counter()
+        res = eng.begin_write(name, req)
+        extra: dict[str, Any] = {}
+        if isinstance(res, dict):
+            out = res
+        elif isinstance(res, Replay):
+            await wait_published(res.pending)
+            out = eng.replay_result(res.pending)
+        else:
+            await wait_published(res)
+            wal_ms = (time.perf_counter() - t1) * 1000
+            out = eng.write_result(res, True)
+            if len(self.app.routers):
+                self.app.kick_routers()
+            fsync = getattr(res, "fsync_ms", 0.0)
+            fsync_ms = fsync if res.topic.config.durability == "fsync" else 0.0
+            extra = {"wal_append_ms": round(wal_ms, 3), "fsync_ms": round(fsync_ms, 3)}
+        seqs = out.get("seqs") if cmd.get("return_seqs") is not False else None
+        return _msg(
+            "ack",
+            rid,
+            topic=out["topic"],
+            first_seq=out["first_seq"],
+            last_seq=out["last_seq"],
+            seqs=seqs,
+            head_seq=out["head_seq"],
+            count=out["count"],
+            created=out["created"],
+            deduped=out["deduped"],
+            performance=perf(t0, **extra),
+        )
+
+    # ----------------------------------------------------------- delivery
+
+    async def deliver(self) -> None:
+        ob = self.outbox
+        while True:
+            self.wake.clear()
+            for name in sorted(self.subs):
+                sub = self.subs.get(name)
+                while sub is not None and self.subs.get(name) is sub:
+                    await ob.reserve()
+                    if self.subs.get(name) is not sub:
+                        ob.unreserve()
+                        break
+                    step = drain_step(
+                        self.engine, sub.delivery, sub.cursor, sub.opts, relabel_first=False
+                    )
+                    sub.cursor = step.cursor
+                    if not step.events:
+                        ob.unreserve()
+                    for i, ev in enumerate(step.events):
+                        if i:
+                            await ob.reserve()
+                            if self.subs.get(name) is not sub:
+                                ob.unreserve()
+                                break
+                        ob.push(render_ws(ev))
+                    if sub.delivery.deleted:
+                        self._drop(name, sub)
+                        break
+                    if step.drained:
+                        break
+            await self.wake.wait()
+
+    def close(self) -> None:
+        for sub in self.subs.values():
+            t = sub.delivery.topic
+            if t is not None:
+                t.listeners.discard(self.on_topic)
+        self.subs.clear()
+
+
+def _entry(spec: dict[str, Any]) -> tuple[int | None, bool]:
+    return opt_u64(spec, "from_seq"), boolean(spec, "tail", False)
+
+
+async def websocket(ctx: Ctx) -> None:
+    """`GET /v0/ws`: take a connection slot (429 before accepting), then serve."""
+    app = ctx.app
+    key = ctx.principal.digest
+    app.acquire_sse(key)  # raises 429 before the upgrade is accepted
+    conn: Connection | None = None
+    tasks: list[asyncio.Task[Any]] = []
+    try:
+        msg = await ctx.receive()
+        if msg["type"] != "websocket.connect":
+            return
+        await ctx.send({"type": "websocket.accept"})
+        conn = Connection(ctx)
+        reader = asyncio.create_task(conn.reader())
+        writer = asyncio.create_task(conn.outbox.run())
+        deliver = asyncio.create_task(conn.deliver())
+        tasks = [reader, writer, deliver]
+        stop: asyncio.Task[Any] | None = None
+        if app.shutting_down is not None:
+            stop = asyncio.create_task(app.shutting_down.wait())
+            tasks.append(stop)
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            if task is stop or task.cancelled():
+                continue
+            exc = task.exception()
+            if exc is not None and not isinstance(exc, OSError):
+                raise exc
+        if stop is not None and stop in done and not reader.done() and not writer.done():
+            reader.cancel()
+            deliver.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await deliver
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(SHUTDOWN_FLUSH_S):
+                    await conn.outbox.put(
+                        _error(None, "server_shutting_down", "server is shutting down; reconnect")
+                    )
+                    await conn.outbox.flushed()
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, OSError):
+                await writer
+            with contextlib.suppress(OSError, RuntimeError):
+                await ctx.send({"type": "websocket.close", "code": 1001})
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        if conn is not None:
+            conn.close()
+        app.release_sse(key)
