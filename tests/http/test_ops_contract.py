@@ -20,7 +20,7 @@ def test_health_and_ready(h: Harness) -> None:
 def test_prometheus_metrics(h: Harness) -> None:
     h.put("/v0/topics/q", {"type": "queue", "durability": "fsync"})
     h.write("q", 1, 2)
-    h.write('we"ird', 1)
+    h.write("a:b.c-d", 1)
     r = h.get("/v0/metrics")
     assert r.status_code == 200
     assert r.headers["content-type"] == "text/plain; version=0.0.4"
@@ -51,7 +51,10 @@ def test_prometheus_metrics(h: Harness) -> None:
     assert 'topics_topics_by_class{class="fsync"} 1' in text
     assert "topics_records_live 3" in text
     assert 'topics_topic_queue_ready{topic="q"} 2' in text
-    assert 'topics_topic_head_seq{topic="we\\"ird"} 1' in text
+    assert 'topics_topic_head_seq{topic="a:b.c-d"} 1' in text
+    from topics.http.ops import _esc
+
+    assert _esc('a"b\\c\nd') == 'a\\"b\\\\c\\nd'
     assert "# TYPE topics_uptime_ms counter" in text
 
 

@@ -597,6 +597,7 @@ class Topic:
                 self.tags.remove_upto(tag, seq)
             self._sub_live(count, nbytes)
         idx.pop_front(k)
+        self._reclaim_front()
         return count
 
     def drop_all(self) -> None:
