@@ -33,11 +33,11 @@ async def _sse_frames(client: httpx.AsyncClient, url: str, headers: dict[str, st
         assert r.headers["content-type"].startswith("text/event-stream")
         async for line in r.aiter_lines():
             if line == "":
-                if cur:
+                if "event" in cur:
                     frames.append(cur)
-                    cur = {}
                     if len(frames) >= want:
                         break
+                cur = {}
                 continue
             if line.startswith(":"):
                 continue

@@ -1,0 +1,283 @@
+"""Small raw-socket HTTP/1.1 helpers shared by the bench scripts.
+
+The clients here are deliberately minimal so that they add as little as
+possible to what is measured: requests are prebuilt ``bytes``, responses are
+framed by ``Content-Length`` (with a ``Transfer-Encoding: chunked`` fallback,
+since the server may stream JSON bodies chunked), and nothing else about the
+response is interpreted unless the caller asks.
+
+Also here: nearest-rank percentiles, CPU-time readers for ``/proc/<pid>/stat``
+and ``/proc/stat``, and an incremental SSE parser (de-chunking + ``data:``
+lines) used offline by the watcher process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import socket
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+__all__ = [
+    "AsyncConn",
+    "SSEParser",
+    "SyncConn",
+    "build_request",
+    "parse_response",
+    "percentile",
+    "proc_cpu_s",
+    "summarize",
+    "system_busy_s",
+]
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+# -- requests / responses -------------------------------------------------------------
+def build_request(
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    headers: Iterable[tuple[str, str]] = (),
+    host: str = "127.0.0.1",
+) -> bytes:
+    """One complete HTTP/1.1 keep-alive request as bytes."""
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {host}"]
+    lines += [f"{k}: {v}" for k, v in headers]
+    if body is not None:
+        lines.append("Content-Type: application/json")
+        lines.append(f"Content-Length: {len(body)}")
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    return head + (body or b"")
+
+
+def parse_response(buf: bytearray) -> tuple[int, bytes, int] | None:
+    """Parse one complete response at the start of ``buf``.
+
+    Returns ``(status, body, consumed_bytes)`` or ``None`` if more bytes are needed.
+    Content-Length framing is the fast path; chunked is decoded (no trailers).
+    """
+    end = buf.find(b"\r\n\r\n")
+    if end < 0:
+        return None
+    start = end + 4
+    head = bytes(buf[:end]).lower()
+    status = int(head[9:12])
+    j = head.find(b"\r\ncontent-length:")
+    if j >= 0:
+        k = head.find(b"\r\n", j + 2)
+        n = int(head[j + 17 : k if k >= 0 else len(head)])
+        if len(buf) < start + n:
+            return None
+        return status, bytes(buf[start : start + n]), start + n
+    if b"\r\ntransfer-encoding: chunked" in head:
+        pos = start
+        parts: list[bytes] = []
+        while True:
+            eol = buf.find(b"\r\n", pos)
+            if eol < 0:
+                return None
+            size = int(bytes(buf[pos:eol]).split(b";", 1)[0], 16)
+            if size == 0:
+                if len(buf) < eol + 4:
+                    return None
+                return status, b"".join(parts), eol + 4
+            data_start = eol + 2
+            if len(buf) < data_start + size + 2:
+                return None
+            parts.append(bytes(buf[data_start : data_start + size]))
+            pos = data_start + size + 2
+    # no body framing (e.g. 204/304)
+    return status, b"", start
+
+
+class SyncConn:
+    """A blocking keep-alive connection (TCP_NODELAY) for sequential request/response."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.sock = socket.create_connection((host, port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = bytearray()
+
+    def roundtrip(self, request: bytes) -> tuple[int, bytes]:
+        self.sock.sendall(request)
+        return self.read_response()
+
+    def read_response(self) -> tuple[int, bytes]:
+        buf = self.buf
+        recv = self.sock.recv
+        while True:
+            parsed = parse_response(buf) if buf else None
+            if parsed is not None:
+                status, body, used = parsed
+                del buf[:used]
+                return status, body
+            chunk = recv(262144)
+            if not chunk:
+                raise ConnectionError("server closed the connection")
+            buf += chunk
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class AsyncConn(asyncio.Protocol):
+    """An asyncio (uvloop) keep-alive connection; one request in flight at a time."""
+
+    def __init__(self) -> None:
+        self.transport: Any = None
+        self.buf = bytearray()
+        self.waiter: asyncio.Future[tuple[int, bytes]] | None = None
+        self.lost: BaseException | None = None
+
+    @classmethod
+    async def open(cls, host: str, port: int) -> AsyncConn:
+        loop = asyncio.get_running_loop()
+        _, proto = await loop.create_connection(cls, host, port)
+        return proto
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        w = self.waiter
+        if w is not None and not w.done():
+            parsed = parse_response(self.buf)
+            if parsed is not None:
+                status, body, used = parsed
+                del self.buf[:used]
+                self.waiter = None
+                w.set_result((status, body))
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.lost = exc or ConnectionError("server closed the connection")
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_exception(self.lost)
+
+    async def roundtrip(self, request: bytes) -> tuple[int, bytes]:
+        if self.lost is not None:
+            raise ConnectionError(str(self.lost))
+        fut: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
+        self.waiter = fut
+        self.transport.write(request)
+        return await fut
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+# -- SSE --------------------------------------------------------------------------------
+class SSEParser:
+    """Incremental parser for one SSE response: headers, de-chunking, frames.
+
+    ``feed(data)`` returns the frames *completed* by ``data`` as ``(event, data_line)``
+    pairs (``data_line`` is the bytes after ``data: ``; comment frames are skipped).
+    """
+
+    def __init__(self) -> None:
+        self.raw = bytearray()
+        self.headers_done = False
+        self.status = 0
+        self.chunked = False
+        self.payload = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[bytes, bytes]]:
+        self.raw += data
+        if not self.headers_done:
+            end = self.raw.find(b"\r\n\r\n")
+            if end < 0:
+                return []
+            head = bytes(self.raw[:end]).lower()
+            self.status = int(head[9:12])
+            self.chunked = b"\r\ntransfer-encoding: chunked" in head
+            del self.raw[: end + 4]
+            self.headers_done = True
+        if self.chunked:
+            raw = self.raw
+            pos = 0
+            while True:
+                eol = raw.find(b"\r\n", pos)
+                if eol < 0:
+                    break
+                size = int(bytes(raw[pos:eol]).split(b";", 1)[0], 16)
+                if len(raw) < eol + 2 + size + 2:
+                    break
+                self.payload += raw[eol + 2 : eol + 2 + size]
+                pos = eol + 2 + size + 2
+            del raw[:pos]
+        else:
+            self.payload += self.raw
+            self.raw.clear()
+        frames: list[tuple[bytes, bytes]] = []
+        payload = self.payload
+        pos = 0
+        while True:
+            end = payload.find(b"\n\n", pos)
+            if end < 0:
+                break
+            event = b"message"
+            data_line = b""
+            for line in bytes(payload[pos:end]).split(b"\n"):
+                if line.startswith(b"event:"):
+                    event = line[6:].strip()
+                elif line.startswith(b"data:"):
+                    data_line = line[5:].lstrip()
+            if data_line or event != b"message":
+                frames.append((event, data_line))
+            pos = end + 2
+        del payload[:pos]
+        return frames
+
+
+# -- statistics ---------------------------------------------------------------------------
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile of an already sorted sequence (q in [0, 1])."""
+    if not sorted_values:
+        return math.nan
+    idx = max(0, min(len(sorted_values) - 1, math.ceil(q * len(sorted_values)) - 1))
+    return float(sorted_values[idx])
+
+
+def summarize(values_ns: Iterable[int], scale: float = 1e3) -> dict[str, float]:
+    """p50/p99/p999/max/mean of nanosecond samples, converted by ``scale`` (default µs)."""
+    vals = sorted(values_ns)
+    if not vals:
+        return {"n": 0}
+    return {
+        "n": len(vals),
+        "p50": round(percentile(vals, 0.50) / scale, 1),
+        "p99": round(percentile(vals, 0.99) / scale, 1),
+        "p999": round(percentile(vals, 0.999) / scale, 1),
+        "max": round(vals[-1] / scale, 1),
+        "mean": round(sum(vals) / len(vals) / scale, 1),
+    }
+
+
+# -- CPU accounting -----------------------------------------------------------------------
+def proc_cpu_s(pid: int) -> float | None:
+    """utime + stime of process ``pid`` (all its threads), in seconds; None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK  # fields 14 and 15 of stat(5)
+
+
+def system_busy_s() -> float:
+    """Busy CPU-seconds of the whole machine since boot (all CPUs, /proc/stat)."""
+    with open("/proc/stat", "rb") as f:
+        line = f.readline()
+    vals = [int(x) for x in line.split()[1:]]
+    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)  # idle + iowait
+    guest = sum(vals[8:10]) if len(vals) > 9 else 0  # already counted in user/nice
+    return (sum(vals) - idle - guest) / _TICK
