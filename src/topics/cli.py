@@ -37,7 +37,13 @@ async def _serve(cfg: ServerConfig) -> int:
 
     app = TopicsApp(cfg)
     handle = await start_server(app, cfg.host, cfg.port)
-    log.info("topics %s listening on http://%s:%d (data dir %s)", __version__, handle.host, handle.port, cfg.data_dir)
+    log.info(
+        "topics %s listening on http://%s:%d (data dir %s)",
+        __version__,
+        handle.host,
+        handle.port,
+        cfg.data_dir,
+    )
     if cfg.port_file:
         try:
             _write_port_file(cfg.port_file, handle.host, handle.port)
@@ -90,7 +96,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ConfigError as exc:
             print(f"topics: {exc}", file=sys.stderr)
             return 2
-        level = {"trace": "DEBUG", "debug": "DEBUG", "warn": "WARNING"}.get(cfg.log_level, cfg.log_level.upper())
+        level = {"trace": "DEBUG", "debug": "DEBUG", "warn": "WARNING"}.get(
+            cfg.log_level, cfg.log_level.upper()
+        )
         logging.basicConfig(
             level=getattr(logging, level, logging.INFO),
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",

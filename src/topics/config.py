@@ -178,7 +178,9 @@ def is_loopback_host(host: str) -> bool:
     except OSError:
         return False
     addrs = {info[4][0] for info in infos}
-    return bool(addrs) and all(ipaddress.ip_address(str(a).split("%")[0]).is_loopback for a in addrs)
+    return bool(addrs) and all(
+        ipaddress.ip_address(str(a).split("%")[0]).is_loopback for a in addrs
+    )
 
 
 def load_config(env: Mapping[str, str] | None = None) -> ServerConfig:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-
 from tests.support.harness import Harness, assert_error
+
 from topics.config import ConfigError, load_config, parse_api_keys
 
 KEYS = ",".join(
@@ -57,8 +57,15 @@ def test_probes_skip_auth_but_metrics_needs_read(ha: Harness) -> None:
 
 
 def test_route_scopes(ha: Harness) -> None:
-    assert ha.post("/v0/topics/a", {"records": [{"data": 1}]}, headers=auth("writer")).status_code == 201
-    assert_error(ha.post("/v0/topics/a", {"records": [{"data": 1}]}, headers=auth("reader")), 403, "forbidden")
+    assert (
+        ha.post("/v0/topics/a", {"records": [{"data": 1}]}, headers=auth("writer")).status_code
+        == 201
+    )
+    assert_error(
+        ha.post("/v0/topics/a", {"records": [{"data": 1}]}, headers=auth("reader")),
+        403,
+        "forbidden",
+    )
     assert ha.post("/v0/topics/a/diff", {}, headers=auth("reader")).status_code == 200
     assert_error(ha.post("/v0/topics/a/diff", {}, headers=auth("writer")), 403, "forbidden")
     assert_error(ha.put("/v0/topics/a", {}, headers=auth("rw")), 403, "forbidden")
@@ -67,7 +74,10 @@ def test_route_scopes(ha: Harness) -> None:
     assert_error(
         ha.post("/v0/topics/a/delete", {"before_seq": 1}, headers=auth("rw")), 403, "forbidden"
     )
-    assert ha.post("/v0/topics/a/delete", {"before_seq": 1}, headers=auth("deleter")).status_code == 200
+    assert (
+        ha.post("/v0/topics/a/delete", {"before_seq": 1}, headers=auth("deleter")).status_code
+        == 200
+    )
     # Unknown sub-paths under a topic fail closed with the write scope, then 404.
     assert_error(ha.post("/v0/topics/a/zzz", {}, headers=auth("reader")), 403, "forbidden")
     assert_error(ha.post("/v0/topics/a/zzz", {}, headers=auth("writer")), 404, "not_found")
@@ -82,7 +92,9 @@ def test_write_with_config_to_new_topic_needs_admin(ha: Harness) -> None:
     body = {"records": [{"data": 1}], "config": {"cap_records": 5}}
     err = assert_error(ha.post("/v0/topics/new", body, headers=auth("rw")), 403, "forbidden")
     assert err["detail"] == {"topic": "new"}
-    assert ha.post("/v0/topics/new", {"records": [{"data": 1}]}, headers=auth("rw")).status_code == 201
+    assert (
+        ha.post("/v0/topics/new", {"records": [{"data": 1}]}, headers=auth("rw")).status_code == 201
+    )
     # Existing topic: config is ignored, write scope is enough.
     assert ha.post("/v0/topics/new", body, headers=auth("rw")).status_code == 200
 
@@ -90,7 +102,9 @@ def test_write_with_config_to_new_topic_needs_admin(ha: Harness) -> None:
 def test_prefix_allowlists(ha: Harness) -> None:
     t = auth("tenant")
     assert ha.post("/v0/topics/t1.orders", {"records": [{"data": 1}]}, headers=t).status_code == 201
-    err = assert_error(ha.post("/v0/topics/t2.orders", {"records": [{"data": 1}]}, headers=t), 403, "forbidden")
+    err = assert_error(
+        ha.post("/v0/topics/t2.orders", {"records": [{"data": 1}]}, headers=t), 403, "forbidden"
+    )
     assert "detail" not in err
     ha.post("/v0/topics/t2.orders", {"records": [{"data": 1}]}, headers=auth("root"))
     ha.post("/v0/topics/shared:x", {"records": [{"data": 1}]}, headers=auth("root"))
@@ -123,7 +137,9 @@ def test_topic_and_byte_caps() -> None:
         assert err["detail"] == {"limit": "max_topics", "max": 2}
         assert_error(hc.post("/v0/topics/c", {"records": [{"data": 1}]}), 429, "throttled")
         assert hc.put("/v0/topics/b", {"ttl_ms": 5}).status_code == 200  # updates still work
-        err = assert_error(hc.post("/v0/topics/a", {"records": [{"data": "x" * 20}]}), 429, "throttled")
+        err = assert_error(
+            hc.post("/v0/topics/a", {"records": [{"data": "x" * 20}]}), 429, "throttled"
+        )
         assert err["detail"] == {"limit": "max_total_bytes", "max": 10}
         assert hc.get("/v0/topics/a").json()["count"] == 1
     finally:
@@ -143,7 +159,12 @@ def test_key_parsing_and_startup_refusal() -> None:
         parse_api_keys("a:bogus")
     with pytest.raises(ConfigError):
         load_config({"TOPICS_HOST": "0.0.0.0"})
-    assert load_config({"TOPICS_HOST": "0.0.0.0", "TOPICS_ALLOW_INSECURE_NO_AUTH": "true"}).host == "0.0.0.0"
+    assert (
+        load_config({"TOPICS_HOST": "0.0.0.0", "TOPICS_ALLOW_INSECURE_NO_AUTH": "true"}).host
+        == "0.0.0.0"
+    )
     assert load_config({"TOPICS_HOST": "0.0.0.0", "TOPICS_API_KEYS": "k"}).auth_enabled
-    cfg = load_config({"TOPICS_HOST": "127.0.0.1:5001", "TOPICS_PORT": "9", "TOPICS_MAX_TOPICS": "x"})
+    cfg = load_config(
+        {"TOPICS_HOST": "127.0.0.1:5001", "TOPICS_PORT": "9", "TOPICS_MAX_TOPICS": "x"}
+    )
     assert (cfg.host, cfg.port, cfg.limits.max_topics) == ("127.0.0.1", 5001, 100000)

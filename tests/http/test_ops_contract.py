@@ -63,7 +63,17 @@ def test_metrics_json(h: Harness) -> None:
     m = h.get("/v0/metrics", headers={"accept": "application/json"}).json()
     assert m["topics"] == 1 and m["topics_disk"] == 1 and m["records_live"] == 1
     assert m["ready"] is True
-    for k in ("topics_ephemeral", "topics_memory", "topics_fsync", "routers", "bytes_live",
-              "queue_topics", "queue_leases_in_flight", "sse_connections", "watch_sessions",
-              "replay_progress", "uptime_ms"):
+    for k in (
+        "topics_ephemeral",
+        "topics_memory",
+        "topics_fsync",
+        "routers",
+        "bytes_live",
+        "queue_topics",
+        "queue_leases_in_flight",
+        "sse_connections",
+        "watch_sessions",
+        "replay_progress",
+        "uptime_ms",
+    ):
         assert k in m

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 
 import orjson
-
 from tests.support.harness import Harness, assert_error
 
 DEFAULT_CONFIG = {
@@ -92,7 +91,11 @@ def test_write_validation_errors_change_nothing(h: Harness) -> None:
         ({"records": [{"data": 1, "tag": 5}]}, 400, "invalid_request"),
         ({"records": [{"data": 1, "tag": "x" * 257}]}, 400, "invalid_request"),
         ({"records": [{"data": 1, "node": "n" * 129}]}, 400, "invalid_request"),
-        ({"records": [{"data": 1, "meta": {str(i): i for i in range(65)}}]}, 400, "invalid_request"),
+        (
+            {"records": [{"data": 1, "meta": {str(i): i for i in range(65)}}]},
+            400,
+            "invalid_request",
+        ),
         ({"records": [{"data": 1, "meta": {"m": "x" * 16400}}]}, 400, "invalid_request"),
         ({"records": [{"data": "x" * 1_048_577}]}, 400, "record_too_large"),
         ({"records": [{"data": 1}] * 10_001}, 400, "batch_too_large"),
@@ -149,7 +152,9 @@ def test_auto_create_rules(h: Harness) -> None:
     r = h.post("/v0/topics/b", {"records": [{"data": 1}], "config": {"cap_records": 7}})
     assert r.status_code == 201
     assert h.get("/v0/topics/b").json()["config"]["cap_records"] == 7
-    assert_error(h.post("/v0/topics/bad%20name", {"records": [{"data": 1}]}), 400, "invalid_request")
+    assert_error(
+        h.post("/v0/topics/bad%20name", {"records": [{"data": 1}]}), 400, "invalid_request"
+    )
 
 
 def test_idempotency_key_replays(h: Harness) -> None:
@@ -293,9 +298,15 @@ def test_record_delete_is_silent_and_point_in_time(h: Harness) -> None:
     assert b["deleted"] == 2 and b["count"] == 0
     assert h.post("/v0/topics/d/delete", {"match": "g:*"}).json()["deleted"] == 0
     assert_error(h.post("/v0/topics/d/delete", {}), 400, "invalid_request")
-    assert_error(h.post("/v0/topics/d/delete", {"match": ["tag", "Glob", "x"]}), 400, "invalid_request")
-    assert_error(h.post("/v0/topics/d/delete", {"match": ["node", "Eq", "x"]}), 400, "invalid_request")
-    assert_error(h.post("/v0/topics/d/delete", {"match": ["tag", "Re", "x"]}), 400, "invalid_request")
+    assert_error(
+        h.post("/v0/topics/d/delete", {"match": ["tag", "Glob", "x"]}), 400, "invalid_request"
+    )
+    assert_error(
+        h.post("/v0/topics/d/delete", {"match": ["node", "Eq", "x"]}), 400, "invalid_request"
+    )
+    assert_error(
+        h.post("/v0/topics/d/delete", {"match": ["tag", "Re", "x"]}), 400, "invalid_request"
+    )
     assert_error(h.post("/v0/topics/d/delete", {"match": ["tag", "Eq"]}), 400, "invalid_request")
     assert_error(h.post("/v0/topics/zz/delete", {"before_seq": 1}), 404, "topic_not_found")
 

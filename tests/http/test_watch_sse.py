@@ -248,7 +248,9 @@ def test_heartbeat_when_idle() -> None:
 @pytest.mark.timeout(30)
 def test_post_validation_over_http() -> None:
     async def body() -> None:
-        async with serve({"TOPICS_API_KEYS": "root,ten::ok.", "TOPICS_MAX_WATCH_SESSIONS": "1"}) as (
+        async with serve(
+            {"TOPICS_API_KEYS": "root,ten::ok.", "TOPICS_MAX_WATCH_SESSIONS": "1"}
+        ) as (
             _app,
             c,
         ):
@@ -257,7 +259,9 @@ def test_post_validation_over_http() -> None:
             await write(c, "zz", 1, headers=root)
             r = await c.post("/v0/watch", json={"topics": {}}, headers=root)
             assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request"
-            r = await c.post("/v0/watch", json={"topics": {"ok.a": {}, "zz": {}}}, headers=auth("ten"))
+            r = await c.post(
+                "/v0/watch", json={"topics": {"ok.a": {}, "zz": {}}}, headers=auth("ten")
+            )
             assert r.status_code == 403
             assert r.json()["error"]["detail"] == {"topic": "zz"}
             r = await c.post("/v0/watch", json={"topics": {"ok.nope": {}}}, headers=root)
@@ -426,9 +430,7 @@ def test_slow_consumer_does_not_delay_a_fast_one() -> None:
             port = int(str(c.base_url).rsplit(":", 1)[1].rstrip("/"))
             await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
             reader, writer = await asyncio.open_connection(sock=sock)
-            writer.write(
-                f"GET {slow_w['stream_url']} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
-            )
+            writer.write(f"GET {slow_w['stream_url']} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
             await writer.drain()
             slow = app.watches.get(slow_w["wid"])
             assert slow is not None

@@ -23,7 +23,9 @@ __all__ = ["Harness"]
 class Harness:
     """One app + engine + TestClock, and a sync request helper."""
 
-    def __init__(self, env: Mapping[str, str] | None = None, clock: TestClock | None = None) -> None:
+    def __init__(
+        self, env: Mapping[str, str] | None = None, clock: TestClock | None = None
+    ) -> None:
         self.clock = clock or TestClock()
         self.loop = asyncio.new_event_loop()
         cfg = load_config(dict(env or {}))

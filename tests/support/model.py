@@ -34,8 +34,6 @@ MAX_LIMIT = 1000
 DEFAULT_BUDGET = 1_048_576
 MAX_BUDGET = 8_388_608
 
-_ABSENT = object()
-
 
 def record_bytes(data: Any, meta: Any = None) -> int:
     """SEMANTICS §1.3: compact JSON of `data` plus compact JSON of `meta` when present."""
@@ -254,9 +252,7 @@ class TopicModel:
             if node is None:
                 node = batch_node
             seq = self.head_seq + 1
-            self.slots.append(
-                MRecord(seq, ts, r["data"], node, r.get("tag"), r.get("meta"), size)
-            )
+            self.slots.append(MRecord(seq, ts, r["data"], node, r.get("tag"), r.get("meta"), size))
             self.head_seq = seq
             seqs.append(seq)
         self.apply_retention(now)  # discard:"old" eviction after publish
@@ -264,9 +260,7 @@ class TopicModel:
 
     # --------------------------------------------------------------- read (§6)
 
-    def project(
-        self, r: MRecord, include_tags: bool, include_meta: bool
-    ) -> dict[str, Any]:
+    def project(self, r: MRecord, include_tags: bool, include_meta: bool) -> dict[str, Any]:
         """API §1.6 record object, in wire field order."""
         out: dict[str, Any] = {"$seq": r.seq, "$ts": r.ts}
         if r.node is not None:
@@ -393,9 +387,7 @@ class TopicModel:
         ]
         return self._response(self._delete(victims))
 
-    def delete_tag_eq(
-        self, value: str, now: int, before_seq: int | None = None
-    ) -> dict[str, Any]:
+    def delete_tag_eq(self, value: str, now: int, before_seq: int | None = None) -> dict[str, Any]:
         """`match: ["tag","Eq",v]` (AND `before_seq` when given)."""
         return self._delete_tags(lambda t: t == value, before_seq, now)
 

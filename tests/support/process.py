@@ -29,7 +29,7 @@ class ServerProcess:
             }
         )
         full_env.update(env or {})
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "topics", "serve"],
             env=full_env,

@@ -12,7 +12,13 @@ def test_defaults_and_order() -> None:
     cfg = parse_topic_config({})
     assert cfg == TopicConfig()
     assert list(cfg.to_wire())[:7] == [
-        "type", "ttl_ms", "cap_records", "cap_bytes", "discard", "durable", "durability",
+        "type",
+        "ttl_ms",
+        "cap_records",
+        "cap_bytes",
+        "discard",
+        "durable",
+        "durability",
     ]
     assert len(cfg.to_wire()) == 17
 

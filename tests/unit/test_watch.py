@@ -217,7 +217,7 @@ def test_composite_id_matches_the_spec_example() -> None:
     assert decode_composite_id(padded) == {"a": 1}
     assert decode_composite_id("!!!") is None
     assert decode_composite_id(base64.urlsafe_b64encode(b"[1]").decode()) is None
-    assert decode_composite_id(encode_composite_id({"a": -1, "b": 2})) == {"b": 2}  # type: ignore[dict-item]
+    assert decode_composite_id(encode_composite_id({"a": -1, "b": 2})) == {"b": 2}
 
 
 def test_last_event_id_only_rewinds_known_topics() -> None:
@@ -356,7 +356,8 @@ def test_include_flags_shape_record_objects() -> None:
     )
     assert not isinstance(res, dict)
     s = session(
-        reg, {"topics": {"a": {}}, "include_data": False, "include_tags": True, "include_meta": False}
+        reg,
+        {"topics": {"a": {}}, "include_data": False, "include_tags": True, "include_meta": False},
     )
     rec = drain(WatchStream(eng, s))[0][1]["records"][0]
     assert set(rec) == {"$seq", "$ts", "$tag"} and rec["$tag"] == "t1"
@@ -394,7 +395,9 @@ def test_topic_deleted_before_the_stream_opened() -> None:
     eng.delete_topic("a")
     ws = WatchStream(eng, s)
     frames = drain(ws)
-    assert frames == [("topic-deleted", {"topic": "a", "head_seq": 0, "reason": "deleted"}, {"a": 4})]
+    assert frames == [
+        ("topic-deleted", {"topic": "a", "head_seq": 0, "reason": "deleted"}, {"a": 4})
+    ]
     assert ws.all_deleted
 
 

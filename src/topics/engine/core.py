@@ -350,9 +350,7 @@ class Engine:
         boolean(body, "disable_backpressure", False)
         return WriteRequest(records, key or None, create, body.get("config"), has_config)
 
-    def begin_write(
-        self, name: str, req: WriteRequest
-    ) -> PendingWrite | Replay | dict[str, Any]:
+    def begin_write(self, name: str, req: WriteRequest) -> PendingWrite | Replay | dict[str, Any]:
         """Resolve, dedupe, admit and stage a write (API §4 admission order).
 
         Returns a replay result dict for an in-window idempotent repeat, a

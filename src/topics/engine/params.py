@@ -73,7 +73,7 @@ def predicate(v: Any) -> Predicate:
             return ("prefix", v[:-1])
         return ("eq", v)
     if not isinstance(v, list):
-        raise bad_request("match must be a string or a [\"tag\", op, value] array")
+        raise bad_request('match must be a string or a ["tag", op, value] array')
     if len(v) != 3:
         raise bad_request("match must have exactly 3 elements")
     if not all(isinstance(x, str) for x in v):

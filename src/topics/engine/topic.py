@@ -373,7 +373,9 @@ class Topic:
             node_l.append(intern(r.node))
             total += r.nbytes
             payloads.append(
-                Payload(r.node, r.tag, r.data, r.meta, default_frag(seq, ts, r.node, r.data, r.meta))
+                Payload(
+                    r.node, r.tag, r.data, r.meta, default_frag(seq, ts, r.node, r.data, r.meta)
+                )
             )
         rows["ts"] = ts
         rows["flags"] = flags_l

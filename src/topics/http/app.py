@@ -124,8 +124,10 @@ R, W, D, A = SCOPE_READ, SCOPE_WRITE, SCOPE_DELETE, SCOPE_ADMIN
 class TopicsApp:
     """The raw ASGI callable serving `/v0`, owning the engine and connection limits."""
 
-    def __init__(self, config: ServerConfig, *, clock: Clock | None = None, engine: Engine | None = None) -> None:
-        from topics.http import ops, queues, routers, topics, watch, ws  # noqa: F401
+    def __init__(
+        self, config: ServerConfig, *, clock: Clock | None = None, engine: Engine | None = None
+    ) -> None:
+        from topics.http import ops, queues, routers, topics, watch, ws
 
         self.config = config
         self.clock = clock or SystemClock()
@@ -256,9 +258,13 @@ class TopicsApp:
             await hook(self)
         self.background.append(asyncio.create_task(self._router_worker()))
 
+    def begin_shutdown(self) -> None:
+        """Tell open SSE/WS/work streams to send their shutdown frame and end."""
+        if self.shutting_down is not None:
+            self.shutting_down.set()
+
     async def shutdown(self) -> None:
-        assert self.shutting_down is not None
-        self.shutting_down.set()
+        self.begin_shutdown()
         for task in self.background:
             task.cancel()
         for task in self.background:
@@ -380,7 +386,11 @@ class TopicsApp:
         resp = error_resp(err)
         try:
             await send(
-                {"type": "websocket.http.response.start", "status": resp.status, "headers": resp.headers}
+                {
+                    "type": "websocket.http.response.start",
+                    "status": resp.status,
+                    "headers": resp.headers,
+                }
             )
             await send({"type": "websocket.http.response.body", "body": resp.body})
         except Exception:

@@ -115,7 +115,9 @@ def render_prometheus(app: TopicsApp) -> bytes:
     )
     metric("topics_routers", "gauge", "Configured routers.", [("", g["routers"])])
     metric("topics_records_live", "gauge", "Live records across topics.", [("", g["records_live"])])
-    metric("topics_bytes_live", "gauge", "Live payload bytes across topics.", [("", g["bytes_live"])])
+    metric(
+        "topics_bytes_live", "gauge", "Live payload bytes across topics.", [("", g["bytes_live"])]
+    )
     metric("topics_queue_topics", "gauge", "Topics of type queue.", [("", g["queue_topics"])])
     metric(
         "topics_queue_leases_in_flight",
@@ -124,12 +126,20 @@ def render_prometheus(app: TopicsApp) -> bytes:
         [("", g["queue_leases_in_flight"])],
     )
     metric(
-        "topics_sse_connections", "gauge", "Open SSE and WebSocket connections.", [("", g["sse_connections"])]
+        "topics_sse_connections",
+        "gauge",
+        "Open SSE and WebSocket connections.",
+        [("", g["sse_connections"])],
     )
-    metric("topics_watch_sessions", "gauge", "Watch sessions in memory.", [("", g["watch_sessions"])])
+    metric(
+        "topics_watch_sessions", "gauge", "Watch sessions in memory.", [("", g["watch_sessions"])]
+    )
     metric("topics_ready", "gauge", "1 once recovery has finished.", [("", int(g["ready"]))])
     metric(
-        "topics_recovery_progress", "gauge", "Recovery progress from 0 to 1.", [("", g["replay_progress"])]
+        "topics_recovery_progress",
+        "gauge",
+        "Recovery progress from 0 to 1.",
+        [("", g["replay_progress"])],
     )
     metric("topics_uptime_ms", "counter", "Milliseconds since start.", [("", g["uptime_ms"])])
 
@@ -138,19 +148,43 @@ def render_prometheus(app: TopicsApp) -> bytes:
     truncated = len(names) > PER_TOPIC_CAP
     names = names[:PER_TOPIC_CAP]
     topics = [(f'{{topic="{_esc(n)}"}}', eng.topics[n]) for n in names]
-    metric("topics_topic_head_seq", "gauge", "Highest published seq.", [(lb, t.head_seq) for lb, t in topics])
     metric(
-        "topics_topic_earliest_seq", "gauge", "First live seq.", [(lb, t.earliest_seq) for lb, t in topics]
+        "topics_topic_head_seq",
+        "gauge",
+        "Highest published seq.",
+        [(lb, t.head_seq) for lb, t in topics],
     )
     metric(
-        "topics_topic_records_live", "gauge", "Live records.", [(lb, t.live_count) for lb, t in topics]
+        "topics_topic_earliest_seq",
+        "gauge",
+        "First live seq.",
+        [(lb, t.earliest_seq) for lb, t in topics],
     )
-    metric("topics_topic_bytes_live", "gauge", "Live payload bytes.", [(lb, t.live_bytes) for lb, t in topics])
+    metric(
+        "topics_topic_records_live",
+        "gauge",
+        "Live records.",
+        [(lb, t.live_count) for lb, t in topics],
+    )
+    metric(
+        "topics_topic_bytes_live",
+        "gauge",
+        "Live payload bytes.",
+        [(lb, t.live_bytes) for lb, t in topics],
+    )
     now = eng.clock.now_ms()
     qs = [(lb, t, t.queue.counters(t, now)) for lb, t in topics if t.queue is not None]
-    metric("topics_topic_queue_ready", "gauge", "Claimable jobs.", [(lb, c["ready"]) for lb, _, c in qs])
     metric(
-        "topics_topic_queue_in_flight", "gauge", "Leased jobs.", [(lb, c["in_flight"]) for lb, _, c in qs]
+        "topics_topic_queue_ready",
+        "gauge",
+        "Claimable jobs.",
+        [(lb, c["ready"]) for lb, _, c in qs],
+    )
+    metric(
+        "topics_topic_queue_in_flight",
+        "gauge",
+        "Leased jobs.",
+        [(lb, c["in_flight"]) for lb, _, c in qs],
     )
     metric(
         "topics_topic_metrics_truncated",
@@ -167,7 +201,7 @@ def render_prometheus(app: TopicsApp) -> bytes:
 async def metrics(ctx: Ctx) -> Resp:
     accept = ctx.header(b"accept") or ""
     if "application/json" in accept:
-        return Resp(200, orjson.dumps(metrics_json(ctx.app)), [(b"content-type", b"application/json")])
-    return Resp(
-        200, render_prometheus(ctx.app), [(b"content-type", b"text/plain; version=0.0.4")]
-    )
+        return Resp(
+            200, orjson.dumps(metrics_json(ctx.app)), [(b"content-type", b"application/json")]
+        )
+    return Resp(200, render_prometheus(ctx.app), [(b"content-type", b"text/plain; version=0.0.4")])

@@ -180,7 +180,10 @@ async def work(ctx: Ctx) -> None:
                     }
                 )
                 await send(
-                    {"type": "http.response.body", "body": b"event: error\ndata: " + frame + b"\n\n"}
+                    {
+                        "type": "http.response.body",
+                        "body": b"event: error\ndata: " + frame + b"\n\n",
+                    }
                 )
                 break
             if not t.alive or ctx.engine.get(name) is not t or not t.config.is_queue:
@@ -188,7 +191,10 @@ async def work(ctx: Ctx) -> None:
                     {"code": 409, "error": "topic is no longer a queue", "topic": name}
                 )
                 await send(
-                    {"type": "http.response.body", "body": b"event: error\ndata: " + frame + b"\n\n"}
+                    {
+                        "type": "http.response.body",
+                        "body": b"event: error\ndata: " + frame + b"\n\n",
+                    }
                 )
                 break
             deficit = max_jobs - q.conn_leases(name, conn)

@@ -32,7 +32,9 @@ def perf(t0: float, **extra: Any) -> dict[str, Any]:
     return d
 
 
-def json_resp(status: int, body: dict[str, Any], t0: float | None = None, **perf_extra: Any) -> Resp:
+def json_resp(
+    status: int, body: dict[str, Any], t0: float | None = None, **perf_extra: Any
+) -> Resp:
     """JSON success body; appends `performance` when `t0` is given (API §1.10)."""
     if t0 is not None:
         body["performance"] = perf(t0, **perf_extra)

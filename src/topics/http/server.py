@@ -482,7 +482,14 @@ class ServerHandle:
         await self.server.shutdown()
 
     async def stop(self) -> None:
-        """Stop accepting, let in-flight requests finish (bounded), run lifespan shutdown."""
+        """Stop accepting, let in-flight requests finish (bounded), run lifespan shutdown.
+
+        An app with a ``begin_shutdown()`` method is told first, so its open streams
+        can send their closing frames before uvicorn waits for connections to end.
+        """
+        begin = getattr(self.server.config.app, "begin_shutdown", None)
+        if callable(begin):
+            begin()
         self.server.should_exit = True
         await self._task
 

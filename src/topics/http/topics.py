@@ -99,7 +99,10 @@ async def write(ctx: Ctx) -> Resp:
     req = eng.parse_write(ctx.body, ctx.header(b"idempotency-key"))
     if req.has_config and name not in eng.topics and not ctx.principal.has(SCOPE_ADMIN):
         raise TopicsError(
-            403, "forbidden", "creating a topic with a config needs the admin scope", {"topic": name}
+            403,
+            "forbidden",
+            "creating a topic with a config needs the admin scope",
+            {"topic": name},
         )
     t1 = time.perf_counter()
     res = eng.begin_write(name, req)
