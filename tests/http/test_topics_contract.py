@@ -377,3 +377,17 @@ def test_body_limit(h: Harness) -> None:
         assert small.get("/v0/topics/t").status_code == 404
     finally:
         small.close()
+
+
+def test_reject_topic_never_drops_an_acked_record_after_mid_log_deletes(h: Harness) -> None:
+    h.put("/v0/topics/r", {"cap_records": 3, "discard": "reject"})
+    h.write("r", 1, 2)
+    h.post("/v0/topics/r", {"records": [{"data": 3, "tag": "x"}]})
+    h.post("/v0/topics/r/delete", {"match": "x"})
+    # Two live records, but the 3-seq window would pass seq 1: refuse instead of evicting it.
+    assert_error(h.post("/v0/topics/r", {"records": [{"data": 4}]}), 422, "topic_full")
+    assert [x["data"] for x in h.diff("r")["records"]] == [1, 2]
+    h.post("/v0/topics/r/delete", {"before_seq": 2})
+    assert h.post("/v0/topics/r", {"records": [{"data": 4}]}).status_code == 200
+    d = h.diff("r")
+    assert d["tombstone"] is None and [x["data"] for x in d["records"]] == [2, 4]

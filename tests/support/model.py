@@ -240,9 +240,16 @@ class TopicModel:
                 self.cap_records and n > self.cap_records
             ):
                 raise ModelError(400, "record_too_large")
-            if (self.cap_records and self.live_count + n > self.cap_records) or (
-                self.cap_bytes and self.live_bytes + nbytes > self.cap_bytes
-            ):
+            # cap_records is a seq window (§5.2 [src]); to never drop an acked record
+            # (§19.11) a reject topic also refuses a batch whose window would pass
+            # the first live seq.
+            if (
+                self.cap_records
+                and (
+                    self.live_count + n > self.cap_records
+                    or self.earliest_seq <= self.head_seq + n - self.cap_records
+                )
+            ) or (self.cap_bytes and self.live_bytes + nbytes > self.cap_bytes):
                 raise ModelError(422, "topic_full")
         ts = max(now, self.last_ts)
         self.last_ts = ts

@@ -413,9 +413,14 @@ class Engine:
                 )
             count = t.live_count + t.pending_count
             size = t.live_bytes + t.pending_bytes
-            if (cfg.cap_records and count + n > cfg.cap_records) or (
-                cfg.cap_bytes and size + nbytes > cfg.cap_bytes
-            ):
+            # cap_records is a seq window (SEMANTICS §5.2 [src]). After mid-log deletes
+            # the live count can be under the cap while the window would still pass
+            # the first live seq; refusing that batch too keeps "never ack-then-drop"
+            # (SEMANTICS §19.11).
+            window_floor = t.next_seq - 1 + n - cfg.cap_records
+            if (
+                cfg.cap_records and (count + n > cfg.cap_records or t.earliest_seq <= window_floor)
+            ) or (cfg.cap_bytes and size + nbytes > cfg.cap_bytes):
                 raise TopicsError(
                     422,
                     "topic_full",
