@@ -21,8 +21,10 @@ def test_batch_node_and_overrides() -> None:
 
 
 def test_render_matches_default_frag_and_orders_fields() -> None:
-    p = Payload("n1", "t1", b'{"x":1}', b'{"m":2}', b"")
-    p.frag = default_frag(7, 99, "n1", p.data, p.meta)
+    p = Payload.build(7, 99, "n1", "t1", b'{"x":1}', b'{"m":2}')
+    assert p.frag == default_frag(7, 99, "n1", b'{"x":1}', b'{"m":2}')
+    assert (p.data, p.meta) == (b'{"x":1}', b'{"m":2}')
+    assert Payload.build(1, 2, None, None, b"[]", None).meta is None
     assert render(7, 99, p) == p.frag
     obj = orjson.loads(render(7, 99, p, include_tags=True))
     assert list(obj) == ["$seq", "$ts", "$node", "$tag", "data", "meta"]

@@ -784,6 +784,30 @@ class Queues:
         q.sweep(t, self.engine.clock.now_ms())
         return q.conn_count(t, conn)
 
+    def release_leases(self, name: str, leases: Iterable[tuple[int, str]]) -> int:
+        """Release specific `(seq, wire lease id)` leases into `reclaim` (deliveries kept).
+
+        Used for jobs claimed on behalf of a cohort member that went away before
+        the pass delivered them. Stale ids are ignored; a no-op when the queue is gone.
+        """
+        found = self._find(name)
+        if found is None:
+            return 0
+        t, q = found
+        n = 0
+        for seq, wire in leases:
+            ls = q.leases.get(seq)
+            if ls is None or lease_wire(ls.lease_id) != wire:
+                continue
+            q.drop_lease(seq)
+            q.push_reclaim(seq)
+            d = q.deliveries.get(seq, 0)
+            self._lease_event(t, "released", seq, ls.node, ls.lease_id, 0, d)
+            n += 1
+        if n:
+            t.notify()
+        return n
+
     def release_conn(self, name: str, conn: int) -> int:
         """Drop every lease tagged with `conn` into `reclaim` (deliveries kept).
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -59,8 +58,7 @@ def json_bytes(value: Any) -> bytes:
     return orjson.dumps(value)
 
 
-@dataclass(frozen=True, slots=True)
-class NewRecord:
+class NewRecord(NamedTuple):
     """A validated record ready to stage: raw JSON bytes plus accounting size."""
 
     data: bytes
@@ -72,22 +70,60 @@ class NewRecord:
 
 
 class Payload:
-    """What a slot keeps in memory: origin fields, raw JSON and the default fragment.
+    """What a slot keeps in memory: origin fields and one pre-rendered fragment.
 
     `frag` is the full wire object for the most common projection
-    (`include_meta` true, `include_tags` false), built once at publish.
+    (`include_meta` true, `include_tags` false), built once at publish. `data` and
+    `meta` are not stored separately: they are slices of `frag` (`[d0:d1]`,
+    `[m0:m1]`), so a record costs one exact-size bytes object. (orjson's output
+    buffers are over-allocated; keeping them would cost ~4 KiB per record.)
     """
 
-    __slots__ = ("node", "tag", "data", "meta", "frag")
+    __slots__ = ("node", "tag", "frag", "d0", "d1", "m0", "m1")
 
     def __init__(
-        self, node: str | None, tag: str | None, data: bytes, meta: bytes | None, frag: bytes
+        self,
+        node: str | None,
+        tag: str | None,
+        frag: bytes,
+        d0: int,
+        d1: int,
+        m0: int = 0,
+        m1: int = 0,
     ) -> None:
         self.node = node
         self.tag = tag
-        self.data = data
-        self.meta = meta
         self.frag = frag
+        self.d0 = d0
+        self.d1 = d1
+        self.m0 = m0
+        self.m1 = m1
+
+    @property
+    def data(self) -> bytes:
+        """The record's `data` as compact JSON bytes."""
+        return self.frag[self.d0 : self.d1]
+
+    @property
+    def meta(self) -> bytes | None:
+        """The record's `meta` as compact JSON bytes, or None when absent."""
+        return self.frag[self.m0 : self.m1] if self.m1 else None
+
+    @classmethod
+    def build(
+        cls, seq: int, ts: int, node: str | None, tag: str | None, data: bytes, meta: bytes | None
+    ) -> Payload:
+        """Render the default fragment for (seq, ts) and remember where data/meta sit."""
+        if node is None:
+            head = b'{"$seq":%d,"$ts":%d,"data":' % (seq, ts)
+        else:
+            head = b'{"$seq":%d,"$ts":%d,"$node":%b,"data":' % (seq, ts, orjson.dumps(node))
+        d0 = len(head)
+        d1 = d0 + len(data)
+        if meta is None:
+            return cls(node, tag, head + data + b"}", d0, d1)
+        m0 = d1 + 8  # len(b',"meta":')
+        return cls(node, tag, head + data + b',"meta":' + meta + b"}", d0, d1, m0, m0 + len(meta))
 
 
 def render(
@@ -115,13 +151,7 @@ def render(
 
 def default_frag(seq: int, ts: int, node: str | None, data: bytes, meta: bytes | None) -> bytes:
     """The `frag` of :class:`Payload`: include_meta on, include_tags off."""
-    if node is None:
-        head = b'{"$seq":%d,"$ts":%d,"data":' % (seq, ts)
-    else:
-        head = b'{"$seq":%d,"$ts":%d,"$node":%b,"data":' % (seq, ts, orjson.dumps(node))
-    if meta is None:
-        return head + data + b"}"
-    return head + data + b',"meta":' + meta + b"}"
+    return Payload.build(seq, ts, node, None, data, meta).frag
 
 
 def _opt_str(rec: dict[str, Any], key: str, max_bytes: int, what: str) -> str | None:
@@ -167,24 +197,23 @@ def prepare_records(
             raise bad_request(f"node exceeds {max_node_bytes} bytes")
         batch_node = batch_node or None
     out: list[NewRecord] = []
+    append = out.append
     dumps = orjson.dumps
     for i, rec in enumerate(records):
-        if not isinstance(rec, dict):
+        if type(rec) is not dict:
             raise bad_request(f"records[{i}] must be an object")
-        if "data" not in rec:
-            raise bad_request(f"records[{i}].data is required")
         try:
             data = dumps(rec["data"])
-        except TypeError as exc:  # pragma: no cover - JSON input always dumps
-            raise bad_request(f"records[{i}].data is not serialisable") from exc
-        meta_v = rec.get("meta")
-        meta: bytes | None = None
+        except KeyError:
+            raise bad_request(f"records[{i}].data is required") from None
         size = len(data)
+        meta: bytes | None = None
+        meta_v = rec.get("meta")
         if meta_v is not None:
             meta = dumps(meta_v)
             if len(meta) > max_meta_bytes:
                 raise bad_request(f"records[{i}].meta exceeds {max_meta_bytes} bytes")
-            if isinstance(meta_v, dict) and len(meta_v) > max_meta_keys:
+            if type(meta_v) is dict and len(meta_v) > max_meta_keys:
                 raise bad_request(f"records[{i}].meta has more than {max_meta_keys} keys")
             size += len(meta)
         if size > max_record_bytes:
@@ -193,12 +222,16 @@ def prepare_records(
                 "record_too_large",
                 f"records[{i}] data+meta is {size} bytes (max {max_record_bytes})",
             )
-        tag = _opt_str(rec, "tag", max_tag_bytes, f"records[{i}].tag") if "tag" in rec else None
-        if "node" in rec and rec["node"] is not None:
+        if len(rec) == 1:  # only "data": the common case
+            append(NewRecord(data, None, batch_node, None, size))
+            continue
+        tag = _opt_str(rec, "tag", max_tag_bytes, f"records[{i}].tag")
+        node = rec.get("node")
+        if node is not None:
             node = _opt_str(rec, "node", max_node_bytes, f"records[{i}].node")
         else:
             node = batch_node
-        out.append(NewRecord(data, meta, node, tag, size))
+        append(NewRecord(data, meta, node, tag, size))
     return out
 
 

@@ -23,7 +23,7 @@ import numpy as np
 import orjson
 
 from topics.engine.index import DELETED, F_HAS_NODE, F_HAS_TAG, LOC_MEMORY, SLOT_DTYPE, SlotIndex
-from topics.engine.records import NewRecord, Payload, default_frag, render
+from topics.engine.records import NewRecord, Payload, render
 from topics.engine.tags import TagIndex
 from topics.engine.topic_config import TopicConfig
 
@@ -45,10 +45,20 @@ class Totals:
 class NodeInterner:
     """Maps node strings to small ints (0 = no node) for vectorised node filtering."""
 
-    __slots__ = ("_ids",)
+    __slots__ = ("_ids", "_json")
 
     def __init__(self) -> None:
         self._ids: dict[str, int] = {}
+        self._json: dict[str, bytes] = {}
+
+    def json(self, node: str) -> bytes:
+        """`node` as a JSON string literal (cached: nodes repeat)."""
+        j = self._json.get(node)
+        if j is None:
+            j = orjson.dumps(node)
+            if len(self._json) < 100_000:
+                self._json[node] = j
+        return j
 
     def intern(self, node: str | None) -> int:
         if node is None:
@@ -348,41 +358,62 @@ class Topic:
     def _publish(self, p: PendingWrite) -> None:
         recs = p.records
         n = len(recs)
-        seq0 = p.first_seq
+        seq = p.first_seq
         ts = p.ts
-        intern = self._nodes.intern
-        rows = np.zeros(n, SLOT_DTYPE)
         payloads: list[Payload] = []
-        flags_l: list[int] = []
-        hops_l: list[int] = []
-        bytes_l: list[int] = []
-        node_l: list[int] = []
+        add = payloads.append
         total = 0
-        tags = self.tags
-        for i, r in enumerate(recs):
-            seq = seq0 + i
-            f = 0
-            if r.tag is not None:
-                f |= F_HAS_TAG
-                tags.add(r.tag, seq)
-            if r.node is not None:
-                f |= F_HAS_NODE
-            flags_l.append(f)
-            hops_l.append(r.hops)
-            bytes_l.append(r.nbytes)
-            node_l.append(intern(r.node))
-            total += r.nbytes
-            payloads.append(
-                Payload(
-                    r.node, r.tag, r.data, r.meta, default_frag(seq, ts, r.node, r.data, r.meta)
+        plain = True  # no tag, node or hops anywhere in the batch
+        for data, meta, node, tag, nbytes, hops in recs:
+            total += nbytes
+            if node is None:
+                head = b'{"$seq":%d,"$ts":%d,"data":' % (seq, ts)
+            else:
+                plain = False
+                head = b'{"$seq":%d,"$ts":%d,"$node":%b,"data":' % (
+                    seq,
+                    ts,
+                    self._nodes.json(node),
                 )
-            )
+            d0 = len(head)
+            d1 = d0 + len(data)
+            if meta is None:
+                add(Payload(node, tag, head + data + b"}", d0, d1))
+            else:
+                m0 = d1 + 8
+                add(
+                    Payload(
+                        node,
+                        tag,
+                        head + data + b',"meta":' + meta + b"}",
+                        d0,
+                        d1,
+                        m0,
+                        m0 + len(meta),
+                    )
+                )
+            if tag is not None or hops:
+                plain = False
+            seq += 1
+        rows = np.zeros(n, SLOT_DTYPE)
         rows["ts"] = ts
-        rows["flags"] = flags_l
-        rows["hops"] = hops_l
         rows["loc"] = LOC_MEMORY
-        rows["bytes"] = bytes_l
-        rows["node"] = node_l
+        rows["bytes"] = [r.nbytes for r in recs]
+        if not plain:
+            intern = self._nodes.intern
+            tags = self.tags
+            seq0 = p.first_seq
+            flags = rows["flags"]
+            for i, r in enumerate(recs):
+                f = 0
+                if r.tag is not None:
+                    f = F_HAS_TAG
+                    tags.add(r.tag, seq0 + i)
+                if r.node is not None:
+                    f |= F_HAS_NODE
+                flags[i] = f
+            rows["hops"] = [r.hops for r in recs]
+            rows["node"] = [intern(r.node) for r in recs]
         self.index.append_rows(rows, payloads)
         self.head_seq = p.last_seq
         self._add_live(n, total)

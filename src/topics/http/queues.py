@@ -59,9 +59,29 @@ async def claim_jobs(
         return await fut
     cohort = _Cohort(lease_override, [claimer], [fut])
     cohorts[name] = cohort
-    await asyncio.sleep(jitter / 1000)
+    try:
+        await asyncio.sleep(jitter / 1000)
+    except asyncio.CancelledError:
+        # The leader went away: close the cohort anyway so joiners are served and
+        # later claims do not join a cohort nobody will ever run.
+        if cohorts.get(name) is cohort:
+            del cohorts[name]
+        fut.cancel()
+        _run_cohort(app, name, cohort)
+        raise
     if cohorts.get(name) is cohort:
         del cohorts[name]
+    return _run_cohort(app, name, cohort)
+
+
+def _run_cohort(app: TopicsApp, name: str, cohort: _Cohort) -> list[dict[str, Any]]:
+    """One claim pass for the whole cohort; resolves the joiners, returns the leader's jobs.
+
+    If the pass fails (topic gone), the leader gets the error and joiners an empty
+    result (SEMANTICS §15.5). Jobs claimed for a member that has gone away
+    (cancelled future) are released at once instead of waiting for expiry.
+    """
+    q = app.queues
     try:
         results = q.claim_pass(name, cohort.claimers, cohort.lease_override)
     except TopicsError:
@@ -69,9 +89,14 @@ async def claim_jobs(
             if not f.done():
                 f.set_result([])
         raise
-    for f, jobs in zip(cohort.futures[1:], results[1:], strict=True):
-        if not f.done():
+    orphaned: list[tuple[int, str]] = []
+    for i, (f, jobs) in enumerate(zip(cohort.futures, results, strict=True)):
+        if f.cancelled():
+            orphaned.extend((int(j["$seq"]), str(j["lease_id"])) for j in jobs)
+        elif i > 0 and not f.done():
             f.set_result(jobs)
+    if orphaned:
+        q.release_leases(name, orphaned)
     return results[0]
 
 
@@ -183,6 +208,7 @@ async def work(ctx: Ctx) -> None:
                     {
                         "type": "http.response.body",
                         "body": b"event: error\ndata: " + frame + b"\n\n",
+                        "more_body": True,  # the final empty body below ends the response
                     }
                 )
                 break
@@ -194,9 +220,11 @@ async def work(ctx: Ctx) -> None:
                     {
                         "type": "http.response.body",
                         "body": b"event: error\ndata: " + frame + b"\n\n",
+                        "more_body": True,  # the final empty body below ends the response
                     }
                 )
                 break
+            wake.clear()  # before claiming: a publish/ack during the claim re-wakes us
             deficit = max_jobs - q.conn_leases(name, conn)
             if deficit > 0:
                 try:
@@ -211,7 +239,6 @@ async def work(ctx: Ctx) -> None:
                     )
                     await send({"type": "http.response.body", "body": frames, "more_body": True})
                     last_frame = time.monotonic()
-            wake.clear()
             timeout = min(WORK_TICK_S, max(0.0, WORK_HEARTBEAT_S - (time.monotonic() - last_frame)))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), timeout)
