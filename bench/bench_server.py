@@ -545,6 +545,14 @@ def _sse_level(
     lats = [lat for _, i, lat in res["deliveries"] if i >= 0]
     unique = {(w, i) for w, i, _ in res["deliveries"] if i >= 0}
     s = summarize(lats, 1e6)
+    # per record: the first and the last watcher to receive it (reaction vs fan-out time)
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for _, i, lat in res["deliveries"]:
+        if i >= 0:
+            first[i] = min(first.get(i, lat), lat)
+            last[i] = max(last.get(i, lat), lat)
+    sf, sl = summarize(first.values(), 1e6), summarize(last.values(), 1e6)
     return {
         "watchers": watchers,
         "records_written": records,
@@ -557,6 +565,10 @@ def _sse_level(
         "p999_ms": s.get("p999"),
         "max_ms": s.get("max"),
         "mean_ms": s.get("mean"),
+        "first_watcher_p50_ms": sf.get("p50"),
+        "first_watcher_p99_ms": sf.get("p99"),
+        "last_watcher_p50_ms": sl.get("p50"),
+        "last_watcher_p99_ms": sl.get("p99"),
         "watcher_process_cpu_s": round(res["cpu_s_measured"], 3),
         "cpu": cpu,
         "gate": gate,
@@ -729,84 +741,94 @@ def tables(runs: list[dict[str, Any]], cpus: int | None) -> tuple[str, dict[str,
         "sse_100_p99_ms": verdict(med["sse_100_p99_ms"], TARGETS["sse_100_p99_ms"], False),
     }
 
-    out.append(
-        f"### 1. Write-ack latency (1 connection, sequential 1-record writes, 64 B data; {hdr})\n"
-    )
-    out.append("| metric | " + hdr + " |\n|---|---|")
-    for label, path, d in [
-        ("p50 µs", "write_ack.p50_us", 1),
-        ("p99 µs", "write_ack.p99_us", 1),
-        ("p99.9 µs", "write_ack.p999_us", 1),
-        ("max µs", "write_ack.max_us", 1),
-        ("writes/s", "write_ack.writes_per_s", 0),
-        ("server-reported server_total_ms p50", "write_ack.server_total_ms_p50", 3),
-        ("server CPU (cores)", "write_ack.cpu.server_cores", 2),
-        ("client CPU (cores)", "write_ack.cpu.client_cores", 2),
-        ("others' CPU (cores)", "write_ack.cpu.others_cores", 2),
-    ]:
-        out.append(f"| {label} | {cell(runs, path, d)} |")
-    out.append(
-        f"\nTarget p50 <= {TARGETS['write_ack_p50_us']:.0f} µs: **{verdicts['write_ack_p50_us']}**\n"
-    )
+    def has(phase: str) -> bool:
+        return any(phase in r for r in runs)
 
-    out.append(
-        f"### 2. Batched write throughput (16 connections x 100-record batches, 64 B data; {hdr})\n"
-    )
-    out.append("| metric | " + hdr + " |\n|---|---|")
-    for label, path, d in [
-        ("records/s", "batched.records_per_s", 0),
-        ("requests/s", "batched.requests_per_s", 0),
-        ("request p50 ms", "batched.req_p50_ms", 2),
-        ("request p99 ms", "batched.req_p99_ms", 2),
-        ("server CPU (cores)", "batched.cpu.server_cores", 2),
-        ("client CPU (cores)", "batched.cpu.client_cores", 2),
-        ("others' CPU (cores)", "batched.cpu.others_cores", 2),
-    ]:
-        out.append(f"| {label} | {cell(runs, path, d)} |")
-    out.append(
-        f"\nTarget >= {TARGETS['batched_records_per_s']:,.0f} records/s: **{verdicts['batched_records_per_s']}**\n"
-    )
-
-    topic_n = median_of(runs, "diff.topic_records")
-    out.append(
-        f"### 3. Diff throughput (4 readers walking a {fmt(topic_n, 0)}-record topic, orjson-parsed; {hdr})\n"
-    )
-    out.append(
-        "| limit | records/s | requests/s | MB/s | req p50 ms | req p99 ms | server cores | client cores | others' cores |\n"
-        "|---|---|---|---|---|---|---|---|---|"
-    )
-    for lim in ("1", "256", "1000"):
-        p = f"diff.{lim}."
+    if has("write_ack"):
         out.append(
-            f"| {lim} | {cell(runs, p + 'records_per_s', 0)} | {cell(runs, p + 'requests_per_s', 0)} | "
-            f"{cell(runs, p + 'mb_per_s', 1)} | {cell(runs, p + 'req_p50_ms', 2)} | {cell(runs, p + 'req_p99_ms', 2)} | "
-            f"{cell(runs, p + 'cpu.server_cores', 2)} | {cell(runs, p + 'cpu.client_cores', 2)} | "
-            f"{cell(runs, p + 'cpu.others_cores', 2)} |"
+            f"### 1. Write-ack latency (1 connection, sequential 1-record writes, 64 B data; {hdr})\n"
         )
-    out.append(
-        f"\nPrefill (4 connections x 1000-record batches): {cell(runs, 'diff.prefill.records_per_s', 0)} records/s. "
-        f"Target limit 1000 >= {TARGETS['diff_1000_records_per_s']:,.0f} records/s: "
-        f"**{verdicts['diff_1000_records_per_s']}**\n"
-    )
+        out.append("| metric | " + hdr + " |\n|---|---|")
+        for label, path, d in [
+            ("p50 µs", "write_ack.p50_us", 1),
+            ("p99 µs", "write_ack.p99_us", 1),
+            ("p99.9 µs", "write_ack.p999_us", 1),
+            ("max µs", "write_ack.max_us", 1),
+            ("writes/s", "write_ack.writes_per_s", 0),
+            ("server-reported server_total_ms p50", "write_ack.server_total_ms_p50", 3),
+            ("server CPU (cores)", "write_ack.cpu.server_cores", 2),
+            ("client CPU (cores)", "write_ack.cpu.client_cores", 2),
+            ("others' CPU (cores)", "write_ack.cpu.others_cores", 2),
+        ]:
+            out.append(f"| {label} | {cell(runs, path, d)} |")
+        out.append(
+            f"\nTarget p50 <= {TARGETS['write_ack_p50_us']:.0f} µs: **{verdicts['write_ack_p50_us']}**\n"
+        )
 
-    out.append(f"### 4. SSE write-to-deliver latency (1 record every 5 ms; {hdr})\n")
-    out.append(
-        "| watchers | deliveries (got/expected) | p50 ms | p99 ms | p99.9 ms | max ms | server cores | client cores | others' cores |\n"
-        "|---|---|---|---|---|---|---|---|---|"
-    )
-    for n in ("1", "10", "100"):
-        p = f"sse.{n}."
-        got = " / ".join(
-            f"{get(r, p + 'deliveries')}/{get(r, p + 'expected_deliveries')}" for r in runs
+    if has("batched"):
+        out.append(
+            f"### 2. Batched write throughput (16 connections x 100-record batches, 64 B data; {hdr})\n"
+        )
+        out.append("| metric | " + hdr + " |\n|---|---|")
+        for label, path, d in [
+            ("records/s", "batched.records_per_s", 0),
+            ("requests/s", "batched.requests_per_s", 0),
+            ("request p50 ms", "batched.req_p50_ms", 2),
+            ("request p99 ms", "batched.req_p99_ms", 2),
+            ("server CPU (cores)", "batched.cpu.server_cores", 2),
+            ("client CPU (cores)", "batched.cpu.client_cores", 2),
+            ("others' CPU (cores)", "batched.cpu.others_cores", 2),
+        ]:
+            out.append(f"| {label} | {cell(runs, path, d)} |")
+        out.append(
+            f"\nTarget >= {TARGETS['batched_records_per_s']:,.0f} records/s: **{verdicts['batched_records_per_s']}**\n"
+        )
+
+    if has("diff"):
+        topic_n = median_of(runs, "diff.topic_records")
+        out.append(
+            f"### 3. Diff throughput (4 readers walking a {fmt(topic_n, 0)}-record topic, orjson-parsed; {hdr})\n"
         )
         out.append(
-            f"| {n} | {got} | {cell(runs, p + 'p50_ms', 2)} | {cell(runs, p + 'p99_ms', 2)} | "
-            f"{cell(runs, p + 'p999_ms', 2)} | {cell(runs, p + 'max_ms', 2)} | {cell(runs, p + 'cpu.server_cores', 2)} | "
-            f"{cell(runs, p + 'cpu.client_cores', 2)} | {cell(runs, p + 'cpu.others_cores', 2)} |"
+            "| limit | records/s | requests/s | MB/s | req p50 ms | req p99 ms | server cores | client cores | others' cores |\n"
+            "|---|---|---|---|---|---|---|---|---|"
         )
-    out.append(
-        f"\nTarget p99 <= {TARGETS['sse_100_p99_ms']:.0f} ms at 100 watchers: **{verdicts['sse_100_p99_ms']}**\n"
-    )
+        for lim in ("1", "256", "1000"):
+            p = f"diff.{lim}."
+            out.append(
+                f"| {lim} | {cell(runs, p + 'records_per_s', 0)} | {cell(runs, p + 'requests_per_s', 0)} | "
+                f"{cell(runs, p + 'mb_per_s', 1)} | {cell(runs, p + 'req_p50_ms', 2)} | {cell(runs, p + 'req_p99_ms', 2)} | "
+                f"{cell(runs, p + 'cpu.server_cores', 2)} | {cell(runs, p + 'cpu.client_cores', 2)} | "
+                f"{cell(runs, p + 'cpu.others_cores', 2)} |"
+            )
+        out.append(
+            f"\nPrefill (4 connections x 1000-record batches): {cell(runs, 'diff.prefill.records_per_s', 0)} records/s. "
+            f"Target limit 1000 >= {TARGETS['diff_1000_records_per_s']:,.0f} records/s: "
+            f"**{verdicts['diff_1000_records_per_s']}**\n"
+        )
+
+    if has("sse"):
+        out.append(f"### 4. SSE write-to-deliver latency (1 record every 5 ms; {hdr})\n")
+        out.append(
+            "| watchers | deliveries (got/expected) | p50 ms | p99 ms | p99.9 ms | max ms | first watcher p50 / p99 ms | last watcher p50 / p99 ms | server cores | client cores | others' cores |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|"
+        )
+        for n in ("1", "10", "100"):
+            p = f"sse.{n}."
+            got = " / ".join(
+                f"{get(r, p + 'deliveries')}/{get(r, p + 'expected_deliveries')}" for r in runs
+            )
+            out.append(
+                f"| {n} | {got} | {cell(runs, p + 'p50_ms', 2)} | {cell(runs, p + 'p99_ms', 2)} | "
+                f"{cell(runs, p + 'p999_ms', 2)} | {cell(runs, p + 'max_ms', 2)} | "
+                f"{cell(runs, p + 'first_watcher_p50_ms', 2)} / {cell(runs, p + 'first_watcher_p99_ms', 2)} | "
+                f"{cell(runs, p + 'last_watcher_p50_ms', 2)} / {cell(runs, p + 'last_watcher_p99_ms', 2)} | "
+                f"{cell(runs, p + 'cpu.server_cores', 2)} | "
+                f"{cell(runs, p + 'cpu.client_cores', 2)} | {cell(runs, p + 'cpu.others_cores', 2)} |"
+            )
+        out.append(
+            f"\nTarget p99 <= {TARGETS['sse_100_p99_ms']:.0f} ms at 100 watchers: **{verdicts['sse_100_p99_ms']}**\n"
+        )
     errs = [
         f"run {i + 1} {ph}: {r['errors'][ph]}"
         for i, r in enumerate(runs)

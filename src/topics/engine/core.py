@@ -42,6 +42,7 @@ from topics.errors import TopicsError, bad_request, not_found_topic, throttled
 if TYPE_CHECKING:
     from topics.engine.queues import Queues
     from topics.engine.routers import RouterSet
+    from topics.storage.fs import Fs
 
 __all__ = ["Engine", "WriteRequest", "DiffParams", "Replay", "encode_cursor", "decode_cursor"]
 
@@ -127,8 +128,12 @@ class Engine:
         clock: Clock,
         limits: Limits | None = None,
         journal: Journal | None = None,
+        fs: Fs | None = None,
     ) -> None:
         self.clock = clock
+        # The filesystem seam every durable byte goes through (DESIGN §4); unused
+        # by the in-memory journal, handed to the WAL-backed one.
+        self.fs = fs
         self.limits = limits or Limits()
         self.journal: Journal = journal or MemoryJournal()
         self.topics: dict[str, Topic] = {}

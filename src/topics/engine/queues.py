@@ -66,6 +66,7 @@ MAX_DELAY_MS = 86_400_000
 
 _LEASE_RE = re.compile(r"lease_([0-9a-fA-F]+)")
 _U64_MAX = (1 << 64) - 1
+_U32_MAX = (1 << 32) - 1
 
 # Meta key used when a dead-lettered job's original meta is not a JSON object
 # (array, string, number, bool): the copy's meta becomes an object holding the
@@ -383,6 +384,8 @@ class Queues:
         if not isinstance(node, str):
             raise bad_request("node must be a string")
         n = opt_u64(body, "max")
+        if n is not None and n > _U32_MAX:
+            raise bad_request("max must be a u32")
         n = 1 if not n else min(n, self.engine.limits.max_claim)
         lease = opt_u64(body, "lease_ms")
         return node, n, None if lease is None else clamp_lease(lease)

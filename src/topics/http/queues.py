@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -136,7 +137,20 @@ async def extend(ctx: Ctx) -> Resp:
 
 def _accepts_sse(ctx: Ctx) -> bool:
     accept = ctx.header(b"accept")
-    return not accept or "text/event-stream" in accept or "*/*" in accept
+    return not accept or not accept.strip() or "text/event-stream" in accept or "*/*" in accept
+
+
+U32_MAX = (1 << 32) - 1
+U64_MAX = (1 << 64) - 1
+_UINT_RE = re.compile(r"\+?[0-9]+")
+
+
+def _parse_uint(raw: str | None, maximum: int) -> int | None:
+    """An unsigned query integer (decimal, optional `+`), or None when absent/unparsable."""
+    if raw is None or _UINT_RE.fullmatch(raw) is None:
+        return None
+    v = int(raw)
+    return v if v <= maximum else None
 
 
 SSE_HEADERS = [
@@ -156,16 +170,10 @@ async def work(ctx: Ctx) -> None:
     if not node:
         raise bad_request("node is required")
     q.validate_node(node)
-    try:
-        max_jobs = min(max(int(ctx.query("max") or "1"), 1), 1000)
-    except ValueError:
-        max_jobs = 1
-    lease_override: int | None
-    try:
-        raw = ctx.query("lease_ms")
-        lease_override = int(raw) if raw is not None else None
-    except ValueError:
-        lease_override = None
+    # `max`: u32, unparsable => 1, clamped to [1, 1000]; `lease_ms`: u64, unparsable
+    # (including negative) => ignored, i.e. the topic's lease (API §10.6).
+    max_jobs = min(max(_parse_uint(ctx.query("max"), U32_MAX) or 1, 1), 1000)
+    lease_override = _parse_uint(ctx.query("lease_ms"), U64_MAX)
     name = ctx.params["topic"]
     t = q.check_queue(name)
     key = ctx.principal.digest

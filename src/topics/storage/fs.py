@@ -1,0 +1,150 @@
+"""The I/O seam: every durable byte goes through an :class:`Fs`.
+
+WAL, segments, snapshots, recovery and the data-dir lock take an `Fs` instead of
+calling the OS directly, so tests can substitute a disk that crashes or fails
+(DESIGN §4). :class:`RealFs` is the production implementation: unbuffered file
+descriptors (`os.open`, `os.pwrite`, `os.pread`, `os.fdatasync`), atomic
+`os.replace`, and a directory fsync to make renames and creations durable.
+
+`File.pwrite` returns the number of bytes written, exactly like `pwrite(2)`: a
+short write is possible and callers that need all-or-nothing must loop
+(:func:`write_all`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Protocol
+
+__all__ = ["Fs", "File", "RealFs", "RealFile", "write_all"]
+
+
+class File(Protocol):
+    """An open file descriptor with positional I/O."""
+
+    def pread(self, size: int, offset: int) -> bytes:
+        """Read up to `size` bytes at `offset` (fewer at EOF)."""
+        ...
+
+    def pwrite(self, data: bytes, offset: int) -> int:
+        """Write at `offset`; returns how many bytes were written (may be short)."""
+        ...
+
+    def fdatasync(self) -> None:
+        """Flush file data (not all metadata) to stable storage."""
+        ...
+
+    def fsync(self) -> None: ...
+
+    def truncate(self, size: int) -> None: ...
+
+    def size(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class Fs(Protocol):
+    """Filesystem operations used by storage."""
+
+    def open(self, path: str, *, create: bool = False, write: bool = False) -> File:
+        """Open `path` (read-only unless `write`); `create` makes it if missing."""
+        ...
+
+    def replace(self, src: str, dst: str) -> None:
+        """Atomically rename `src` over `dst` (durable only after :meth:`fsync_dir`)."""
+        ...
+
+    def unlink(self, path: str) -> None: ...
+
+    def listdir(self, path: str) -> list[str]: ...
+
+    def makedirs(self, path: str) -> None: ...
+
+    def exists(self, path: str) -> bool: ...
+
+    def fsync_dir(self, path: str) -> None:
+        """Make creations, renames and unlinks inside directory `path` durable."""
+        ...
+
+
+class RealFile:
+    """A raw OS file descriptor (no Python buffering)."""
+
+    __slots__ = ("fd", "path")
+
+    def __init__(self, fd: int, path: str) -> None:
+        self.fd = fd
+        self.path = path
+
+    def pread(self, size: int, offset: int) -> bytes:
+        return os.pread(self.fd, size, offset)
+
+    def pwrite(self, data: bytes, offset: int) -> int:
+        return os.pwrite(self.fd, data, offset)
+
+    def fdatasync(self) -> None:
+        os.fdatasync(self.fd)
+
+    def fsync(self) -> None:
+        os.fsync(self.fd)
+
+    def truncate(self, size: int) -> None:
+        os.ftruncate(self.fd, size)
+
+    def size(self) -> int:
+        return os.fstat(self.fd).st_size
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class RealFs:
+    """The operating system's filesystem."""
+
+    def open(self, path: str, *, create: bool = False, write: bool = False) -> RealFile:
+        flags = os.O_RDWR if write else os.O_RDONLY
+        if create:
+            flags |= os.O_CREAT
+        flags |= getattr(os, "O_CLOEXEC", 0)
+        return RealFile(os.open(path, flags, 0o644), path)
+
+    def replace(self, src: str, dst: str) -> None:
+        os.replace(src, dst)
+
+    def unlink(self, path: str) -> None:
+        os.unlink(path)
+
+    def listdir(self, path: str) -> list[str]:
+        return sorted(os.listdir(path))
+
+    def makedirs(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def fsync_dir(self, path: str) -> None:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_all(f: File, data: bytes, offset: int) -> None:
+    """Write every byte of `data` at `offset`, looping over short writes.
+
+    Raises OSError from the underlying write; a zero-byte write is reported as
+    `OSError(EIO)` so a stuck device cannot spin forever.
+    """
+    view = memoryview(data)
+    while view:
+        n = f.pwrite(bytes(view), offset)
+        if n <= 0:
+            import errno
+
+            raise OSError(errno.EIO, "write made no progress")
+        view = view[n:]
+        offset += n

@@ -1,0 +1,61 @@
+"""RealFs: positional I/O, atomic replace + directory fsync, short-write looping."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from topics.storage.fs import RealFs, write_all
+
+
+def test_pwrite_pread_truncate_size(tmp_path: Path) -> None:
+    fs = RealFs()
+    p = str(tmp_path / "f.bin")
+    f = fs.open(p, create=True, write=True)
+    assert f.pwrite(b"hello world", 0) == 11
+    f.pwrite(b"W", 6)
+    f.fdatasync()
+    assert f.pread(100, 0) == b"hello World" and f.size() == 11
+    f.truncate(5)
+    f.fsync()
+    assert f.pread(100, 0) == b"hello"
+    f.close()
+    f.close()  # idempotent
+    assert fs.open(p).pread(5, 0) == b"hello"
+
+
+def test_replace_listdir_unlink(tmp_path: Path) -> None:
+    fs = RealFs()
+    d = str(tmp_path / "meta")
+    fs.makedirs(d)
+    fs.makedirs(d)
+    tmp = f"{d}/snap.tmp"
+    f = fs.open(tmp, create=True, write=True)
+    write_all(f, b"x" * 10, 0)
+    f.fdatasync()
+    f.close()
+    fs.replace(tmp, f"{d}/snap.bin")
+    fs.fsync_dir(d)
+    assert fs.listdir(d) == ["snap.bin"] and fs.exists(f"{d}/snap.bin")
+    fs.unlink(f"{d}/snap.bin")
+    assert fs.listdir(d) == []
+
+
+class _Short:
+    def __init__(self, step: int) -> None:
+        self.buf = bytearray(32)
+        self.step = step
+
+    def pwrite(self, data: bytes, offset: int) -> int:
+        n = min(self.step, len(data))
+        self.buf[offset : offset + n] = data[:n]
+        return n
+
+
+def test_write_all_loops_over_short_writes() -> None:
+    f = _Short(3)
+    write_all(f, b"abcdefghij", 2)  # type: ignore[arg-type]
+    assert bytes(f.buf[2:12]) == b"abcdefghij"
+    with pytest.raises(OSError):
+        write_all(_Short(0), b"abc", 0)  # type: ignore[arg-type]
