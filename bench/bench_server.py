@@ -575,11 +575,14 @@ def _sse_level(
     }
 
 
+SSE_LEVELS = [1, 10, 100]
+
+
 def phase_sse(tg: Target, quick: bool) -> dict[str, Any]:
     records = 100 if quick else 400
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-sse-") as tmp:
-        for n in (1, 10, 100):
+        for n in SSE_LEVELS:
             out[str(n)] = _sse_level(tg, n, records, 0.005, quick, Path(tmp))
     return out
 
@@ -813,7 +816,7 @@ def tables(runs: list[dict[str, Any]], cpus: int | None) -> tuple[str, dict[str,
             "| watchers | deliveries (got/expected) | p50 ms | p99 ms | p99.9 ms | max ms | first watcher p50 / p99 ms | last watcher p50 / p99 ms | server cores | client cores | others' cores |\n"
             "|---|---|---|---|---|---|---|---|---|---|---|"
         )
-        for n in ("1", "10", "100"):
+        for n in [str(x) for x in SSE_LEVELS]:
             p = f"sse.{n}."
             got = " / ".join(
                 f"{get(r, p + 'deliveries')}/{get(r, p + 'expected_deliveries')}" for r in runs
@@ -857,6 +860,13 @@ def main() -> int:
         choices=["ephemeral", "memory", "disk", "fsync"],
         help="durability class of the bench topics (default: the server default, disk)",
     )
+    ap.add_argument(
+        "--sse-watchers",
+        type=int,
+        nargs="+",
+        default=SSE_LEVELS,
+        help="watcher counts for the SSE phase (default: 1 10 100)",
+    )
     ap.add_argument("--_watchers", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--_topic", help=argparse.SUPPRESS)
     ap.add_argument("--_out", type=Path, help=argparse.SUPPRESS)
@@ -867,6 +877,7 @@ def main() -> int:
         run_async(_watchers_main(u.hostname, u.port, args._topic, args._watchers, args._out))
         return 0
 
+    SSE_LEVELS[:] = args.sse_watchers
     env = environment()
     phases = args.only or list(PHASES)
     params = {
@@ -875,6 +886,7 @@ def main() -> int:
         "url": args.url,
         "phases": phases,
         "durability": args.durability or "server default (disk)",
+        "sse_watchers": args.sse_watchers,
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
     }
     print(

@@ -394,3 +394,10 @@ def test_reject_topic_never_drops_an_acked_record_after_mid_log_deletes(h: Harne
     # The window floor (L_cap = 1) now covers seq 1, which had been deleted: the §6
     # pseudo-code still reports it as a cap gap (tombstones use the involuntary floor).
     assert d["tombstone"]["gap_to"] == 1 and d["tombstone"]["reason"] == "cap"
+
+
+def test_u32_fields_reject_out_of_range(h: Harness) -> None:
+    h.write("u", 1)
+    for body in ({"limit": 2**32}, {"wait_ms": 2**32}, {"limit": -1}):
+        assert_error(h.post("/v0/topics/u/diff", body), 400, "invalid_request")
+    assert h.diff("u", limit=2**32 - 1)["records"]

@@ -26,7 +26,7 @@ from topics.clock import Clock
 from topics.config import Limits
 from topics.engine.journal import Journal, MemoryJournal
 from topics.engine.names import valid_topic_name
-from topics.engine.params import boolean, node_set, opt_str, opt_u64, predicate, u64
+from topics.engine.params import boolean, node_set, opt_str, opt_u64, predicate, u32, u64
 from topics.engine.records import MAX_KEY_BYTES, NewRecord, prepare_records
 from topics.engine.topic import (
     DedupeEntry,
@@ -532,11 +532,11 @@ class Engine:
             raise bad_request("diff body must be a JSON object")
         return DiffParams(
             from_seq=u64(body, "from_seq", 0),
-            limit=norm_limit(u64(body, "limit", 0), self.limits.max_limit),
+            limit=norm_limit(u32(body, "limit", 0), self.limits.max_limit),
             nodes=node_set(body),
             include_tags=boolean(body, "include_tags", False),
             include_meta=boolean(body, "include_meta", True),
-            wait_ms=min(u64(body, "wait_ms", 0), MAX_WAIT_MS),
+            wait_ms=min(u32(body, "wait_ms", 0), MAX_WAIT_MS),
             budget=norm_budget(u64(body, "max_batch_bytes", 0)),
         )
 

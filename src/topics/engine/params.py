@@ -10,7 +10,7 @@ from typing import Any
 
 from topics.errors import bad_request
 
-__all__ = ["u64", "opt_u64", "boolean", "opt_str", "node_set", "predicate", "Predicate"]
+__all__ = ["u32", "u64", "opt_u64", "boolean", "opt_str", "node_set", "predicate", "Predicate"]
 
 U64_MAX = (1 << 64) - 1
 
@@ -24,6 +24,19 @@ def opt_u64(body: dict[str, Any], key: str) -> int | None:
         return None
     if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v > U64_MAX:
         raise bad_request(f"{key} must be a non-negative integer")
+    return v
+
+
+U32_MAX = (1 << 32) - 1
+
+
+def u32(body: dict[str, Any], key: str, default: int) -> int:
+    """A u32 field (`400` when negative, non-integer or above 2^32 - 1)."""
+    v = body.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v > U32_MAX:
+        raise bad_request(f"{key} must be an integer in [0, {U32_MAX}]")
     return v
 
 

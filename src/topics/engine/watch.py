@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 
 from topics.engine.core import Engine, norm_budget, norm_limit
-from topics.engine.params import boolean, node_set, opt_str, opt_u64, u64
+from topics.engine.params import boolean, node_set, opt_str, opt_u64, u32, u64
 from topics.engine.topic import Topic
 from topics.errors import TopicsError, bad_request, not_found_topic, throttled
 
@@ -539,7 +539,7 @@ def parse_read_opts(
     `max_limit`. `max_batch_bytes`: absent => `default_budget`, `0` => 1 MiB,
     clamped to 8 MiB.
     """
-    raw_limit = opt_u64(body, "limit")
+    raw_limit = u32(body, "limit", -1) if body.get("limit") is not None else None
     if raw_limit is None and default_limit is not None:
         limit = min(default_limit, max_limit)
     else:

@@ -49,6 +49,10 @@ BODY_JSON = 1  # JSON object required (empty => 415/400)
 BODY_JSON_EMPTY_OK = 2  # empty body => {} without content-type check
 BODY_CLAIM = 3  # empty body => 400 "claim requires a node"
 
+INFLIGHT_NONE = 0
+INFLIGHT_HOLD = 1
+INFLIGHT_ADMIT = 2
+
 
 @dataclass(slots=True)
 class Ctx:
@@ -100,7 +104,10 @@ class Route:
     handler: Handler
     scopes: tuple[str, ...]
     body: int = BODY_NONE
-    inflight: bool = True  # counts against the per-key in-flight cap
+    # Per-key in-flight cap (API §1.4 step 2): HOLD keeps the slot until the response
+    # is produced; ADMIT checks the cap but releases at once (the /work stream is
+    # bounded by SSE caps instead); NONE skips it (watch stream, WebSocket).
+    inflight: int = 1
 
 
 @dataclass(slots=True)
@@ -164,7 +171,7 @@ class TopicsApp:
             "ack": {"POST": Route(queues.ack, (W,), BODY_JSON)},
             "nack": {"POST": Route(queues.nack, (W,), BODY_JSON)},
             "extend": {"POST": Route(queues.extend, (W,), BODY_JSON)},
-            "work": {"GET": Route(queues.work, (R, W), inflight=False)},
+            "work": {"GET": Route(queues.work, (R, W), inflight=INFLIGHT_ADMIT)},
             "routers": {"GET": Route(routers.list_routers, (R,))},
             "router": {
                 "PUT": Route(routers.put_router, (A,), BODY_JSON),
@@ -172,8 +179,8 @@ class TopicsApp:
                 "DELETE": Route(routers.delete_router, (D,)),
             },
             "watch": {"POST": Route(watch.create_watch, (R,), BODY_JSON)},
-            "watch_stream": {"GET": Route(watch.stream, (), inflight=False)},
-            "ws": {"GET": Route(ws.websocket, (), inflight=False)},
+            "watch_stream": {"GET": Route(watch.stream, (), inflight=INFLIGHT_NONE)},
+            "ws": {"GET": Route(ws.websocket, (), inflight=INFLIGHT_NONE)},
             "health": {"GET": Route(ops.health, ())},
             "ready": {"GET": Route(ops.ready, ())},
             "metrics": {"GET": Route(ops.metrics, (R,))},
@@ -341,8 +348,9 @@ class TopicsApp:
                         "too many in-flight requests for this key",
                         {"limit": "max_inflight_per_key", "max": cap},
                     )
-                self.inflight[key] = cur + 1
-                counted = True
+                if m.route.inflight == INFLIGHT_HOLD:
+                    self.inflight[key] = cur + 1
+                    counted = True
             for s in m.scopes:
                 if not principal.has(s):
                     raise TopicsError(403, "forbidden", f"this key lacks the {s} scope")
@@ -353,6 +361,8 @@ class TopicsApp:
                 if m.status == 405:
                     raise TopicsError(405, "method_not_allowed", f"{method} is not allowed here")
                 raise TopicsError(404, "not_found", f"no route for {scope['path']}")
+            if m.websocket and not is_ws:
+                raise bad_request("GET /v0/ws needs a WebSocket upgrade")
             ctx = Ctx(self, scope, receive, send, principal, m.params, t0)
             if not is_ws and m.route.body != BODY_NONE:
                 await self._read_body(ctx, m.route.body)

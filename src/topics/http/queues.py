@@ -68,7 +68,8 @@ async def claim_jobs(
         if cohorts.get(name) is cohort:
             del cohorts[name]
         fut.cancel()
-        _run_cohort(app, name, cohort)
+        with contextlib.suppress(TopicsError):  # joiners already got [] on failure
+            _run_cohort(app, name, cohort)
         raise
     if cohorts.get(name) is cohort:
         del cohorts[name]
