@@ -18,6 +18,9 @@ import orjson
 from topics.errors import TopicsError, bad_request
 
 __all__ = [
+    "P_FRAG",
+    "P_NODE",
+    "P_TAG",
     "NewRecord",
     "Payload",
     "prepare_records",
@@ -69,7 +72,11 @@ class NewRecord(NamedTuple):
     hops: int = 0
 
 
-class Payload:
+#: Positions in the plain tuple a slot stores (the fields of :class:`Payload`).
+P_NODE, P_TAG, P_FRAG = 0, 1, 2
+
+
+class Payload(NamedTuple):
     """What a slot keeps in memory: origin fields and one pre-rendered fragment.
 
     `frag` is the full wire object for the most common projection
@@ -77,27 +84,20 @@ class Payload:
     `meta` are not stored separately: they are slices of `frag` (`[d0:d1]`,
     `[m0:m1]`), so a record costs one exact-size bytes object. (orjson's output
     buffers are over-allocated; keeping them would cost ~4 KiB per record.)
+
+    Slots store the same fields as a plain tuple (exact tuples of atomic values
+    are untracked by CPython's cyclic GC, so millions of stored records do not
+    lengthen full collections); this named view is built when a record is
+    handed out.
     """
 
-    __slots__ = ("node", "tag", "frag", "d0", "d1", "m0", "m1")
-
-    def __init__(
-        self,
-        node: str | None,
-        tag: str | None,
-        frag: bytes,
-        d0: int,
-        d1: int,
-        m0: int = 0,
-        m1: int = 0,
-    ) -> None:
-        self.node = node
-        self.tag = tag
-        self.frag = frag
-        self.d0 = d0
-        self.d1 = d1
-        self.m0 = m0
-        self.m1 = m1
+    node: str | None
+    tag: str | None
+    frag: bytes
+    d0: int
+    d1: int
+    m0: int = 0
+    m1: int = 0
 
     @property
     def data(self) -> bytes:

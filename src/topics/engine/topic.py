@@ -23,7 +23,7 @@ import numpy as np
 import orjson
 
 from topics.engine.index import DELETED, F_HAS_NODE, F_HAS_TAG, LOC_MEMORY, SLOT_DTYPE, SlotIndex
-from topics.engine.records import NewRecord, Payload, render
+from topics.engine.records import P_FRAG, P_TAG, NewRecord, Payload, render
 from topics.engine.tags import TagIndex
 from topics.engine.topic_config import TopicConfig
 
@@ -302,8 +302,8 @@ class Topic:
                 base = idx.base_seq
                 for p in tagged.tolist():
                     pl = idx.payload(p)
-                    if pl is not None and pl.tag is not None:
-                        last_by_tag[pl.tag] = base + p
+                    if pl is not None and pl[P_TAG] is not None:
+                        last_by_tag[pl[P_TAG]] = base + p
                 for tag, seq in last_by_tag.items():
                     self.tags.remove_upto(tag, seq)
         idx.pop_front(k)
@@ -360,7 +360,9 @@ class Topic:
         n = len(recs)
         seq = p.first_seq
         ts = p.ts
-        payloads: list[Payload] = []
+        # Plain tuples, not Payload objects: exact tuples of atomic values are
+        # untracked by the cyclic GC, so stored records never lengthen collections.
+        payloads: list[tuple[str | None, str | None, bytes, int, int, int, int]] = []
         add = payloads.append
         total = 0
         plain = True  # no tag, node or hops anywhere in the batch
@@ -378,20 +380,11 @@ class Topic:
             d0 = len(head)
             d1 = d0 + len(data)
             if meta is None:
-                add(Payload(node, tag, head + data + b"}", d0, d1))
+                add((node, tag, head + data + b"}", d0, d1, 0, 0))
             else:
                 m0 = d1 + 8
-                add(
-                    Payload(
-                        node,
-                        tag,
-                        head + data + b',"meta":' + meta + b"}",
-                        d0,
-                        d1,
-                        m0,
-                        m0 + len(meta),
-                    )
-                )
+                frag = head + data + b',"meta":' + meta + b"}"
+                add((node, tag, frag, d0, d1, m0, m0 + len(meta)))
             if tag is not None or hops:
                 plain = False
             seq += 1
@@ -537,7 +530,7 @@ class Topic:
                     s0 = nxt + 1
                     if fast:
                         for p in chosen:
-                            out.append(pls[p].frag)
+                            out.append(pls[p][P_FRAG])
                             seqs.append(s0 + p)
                     else:
                         tss = w["ts"]
@@ -546,7 +539,7 @@ class Topic:
                                 render(
                                     s0 + p,
                                     int(tss[p]),
-                                    pls[p],
+                                    Payload(*pls[p]),
                                     include_tags=include_tags,
                                     include_meta=include_meta,
                                     include_data=include_data,
@@ -576,7 +569,7 @@ class Topic:
         idx = self.index
         p = seq - idx.base_seq
         row = idx.window(p, 1)[0]
-        return int(row["ts"]), int(row["hops"]), idx.payload(p)
+        return int(row["ts"]), int(row["hops"]), Payload(*idx.payload(p))
 
     # ---------------------------------------------------------------- delete
 
@@ -597,8 +590,8 @@ class Topic:
             count += 1
             nbytes += int(arr["bytes"][p])
             pl = idx.payload(p)
-            if pl is not None and pl.tag is not None:
-                self.tags.remove(pl.tag, s)
+            if pl is not None and pl[P_TAG] is not None:
+                self.tags.remove(pl[P_TAG], s)
             arr["flags"][p] = DELETED
             arr["bytes"][p] = 0
             idx.set_payload(p, None)
@@ -624,8 +617,8 @@ class Topic:
             last_by_tag: dict[str, int] = {}
             for p in tagged.tolist():
                 pl = idx.payload(p)
-                if pl is not None and pl.tag is not None:
-                    last_by_tag[pl.tag] = base + p
+                if pl is not None and pl[P_TAG] is not None:
+                    last_by_tag[pl[P_TAG]] = base + p
             for tag, seq in last_by_tag.items():
                 self.tags.remove_upto(tag, seq)
             self._sub_live(count, nbytes)

@@ -386,7 +386,7 @@ class TopicsApp:
                 {
                     "type": "http.response.start",
                     "status": resp.status,
-                    "headers": resp.headers,
+                    "headers": [*resp.headers, (b"content-length", b"%d" % len(resp.body))],
                 }
             )
             await send({"type": "http.response.body", "body": resp.body})
