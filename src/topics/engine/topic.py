@@ -286,10 +286,14 @@ class Topic:
 
     def _evict_to(self, floor: int) -> None:
         """Remove every slot with seq <= `floor` (involuntary loss already recorded)."""
+        self._drop_prefix(floor - self.index.base_seq + 1)
+
+    def _drop_prefix(self, k: int) -> int:
+        """Pop the first `k` slots, un-counting and un-tagging the live ones; returns how many were live."""
         idx = self.index
-        k = min(floor - idx.base_seq + 1, len(idx))
+        k = min(k, len(idx))
         if k <= 0:
-            return
+            return 0
         w = idx.window(0, k)
         flags = w["flags"]
         live = flags != DELETED
@@ -298,6 +302,8 @@ class Topic:
             self._sub_live(n_live, int(w["bytes"].sum(dtype=np.int64)))
             tagged = np.flatnonzero(live & ((flags & F_HAS_TAG) != 0))
             if len(tagged):
+                # Postings are ascending, so dropping each tag's prefix up to its last
+                # popped seq removes exactly the popped ones.
                 last_by_tag: dict[str, int] = {}
                 base = idx.base_seq
                 for p in tagged.tolist():
@@ -307,6 +313,7 @@ class Topic:
                 for tag, seq in last_by_tag.items():
                     self.tags.remove_upto(tag, seq)
         idx.pop_front(k)
+        return n_live
 
     def _reclaim_front(self) -> None:
         """Pop leading deleted slots (lazy front reclaim, SEMANTICS §4)."""
@@ -601,28 +608,8 @@ class Topic:
         return count
 
     def delete_range(self, upto: int) -> int:
-        """Delete every live seq < `upto` (a `before_seq`-only delete)."""
-        idx = self.index
-        k = min(upto - idx.base_seq, len(idx))
-        if k <= 0:
-            return 0
-        w = idx.window(0, k)
-        flags = w["flags"]
-        live = flags != DELETED
-        count = int(np.count_nonzero(live))
-        if count:
-            nbytes = int(w["bytes"].sum(dtype=np.int64))
-            tagged = np.flatnonzero(live & ((flags & F_HAS_TAG) != 0))
-            base = idx.base_seq
-            last_by_tag: dict[str, int] = {}
-            for p in tagged.tolist():
-                pl = idx.payload(p)
-                if pl is not None and pl[P_TAG] is not None:
-                    last_by_tag[pl[P_TAG]] = base + p
-            for tag, seq in last_by_tag.items():
-                self.tags.remove_upto(tag, seq)
-            self._sub_live(count, nbytes)
-        idx.pop_front(k)
+        """Delete every live seq < `upto` (a `before_seq`-only delete); returns the count."""
+        count = self._drop_prefix(upto - self.index.base_seq)
         self._reclaim_front()
         return count
 
