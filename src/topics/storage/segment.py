@@ -1,0 +1,776 @@
+"""Per-topic segment files: `seg-<first_seq>.data` frames + a fixed-stride `.idx`.
+
+Implements seed 0 "Segment format: .data + .idx", "Sealing triggers" and "Serving
+reads: mmap vs buffered" (seed 2 §3.3-§3.5). Layout (docs/FORMATS.md, all LE)::
+
+    topics/<topic_id as %016x>/seg-<first_seq as %016d>.data
+    topics/<topic_id as %016x>/seg-<first_seq as %016d>.idx
+
+`.data` is a run of segment frames, one per seq in order. This module treats a
+frame as an opaque byte range and only reads the three fields it must check on
+the read/verify path::
+
+    off 0   frame_len u32   == len(frame) - 4
+    off 13  seq       u64   == the seq the `.idx` entry stands for
+    off -8  xxh3      u64   == XXH3-64(frame[4:-8])
+
+`.idx` is 20 bytes per seq, entry `i` <=> seq `first_seq + i` (so the entry of
+`seq` lives at byte `(seq - first_seq) * 20`; no scan)::
+
+    offset u32 | len u32 | ts u64 | flags u8 | pad 3
+
+Invariants:
+
+* **Write order.** The writer puts a frame's `.data` bytes before its `.idx`
+  entry, and :meth:`SegmentWriter.flush` fdatasyncs `.data` before `.idx`, so a
+  durable entry never points at bytes that are not durable (the reader still
+  checks: an entry past the end of `.data` is :class:`SegmentCorrupt`).
+* **Sealed segments are immutable.** A checksum, length or seq mismatch on read
+  raises :class:`SegmentCorrupt` -- never a silent skip or truncation. Only the
+  active segment can have a torn tail, and only :meth:`SegmentWriter.resume`
+  truncates it.
+* **The delete flag is outside the checksum.** Deleting flips the `.idx` flags
+  byte to :data:`~topics.engine.index.DELETED` (0xD5) in place; `.data` is never
+  rewritten, so a deleted record's frame still verifies.
+
+All I/O goes through an injected :class:`~topics.storage.fs.Fs`. The one
+exception is the zero-copy read path of a *sealed* `.data` on a
+:class:`~topics.storage.fs.RealFs`, which may be `mmap`-ed; everything else
+(the active segment, any other `Fs`) uses `pread`.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+import xxhash
+
+from topics.engine.index import DELETED, IDX_ENTRY_DTYPE
+from topics.storage.fs import File, Fs, RealFile, RealFs, write_all
+
+__all__ = [
+    "IDX_ENTRY_SIZE",
+    "MIN_FRAME_LEN",
+    "MAX_DATA_BYTES",
+    "IdxArray",
+    "SegmentError",
+    "SegmentCorrupt",
+    "SegmentRangeError",
+    "SegmentPaths",
+    "SegmentScan",
+    "SegmentInfo",
+    "SegmentWriter",
+    "SegmentReader",
+    "segment_name",
+    "segment_paths",
+    "topic_dir",
+    "frame_problem",
+    "scan_segments",
+    "open_segments",
+]
+
+log = logging.getLogger(__name__)
+
+#: Bytes per `.idx` entry (the fixed stride).
+IDX_ENTRY_SIZE = IDX_ENTRY_DTYPE.itemsize
+#: Smallest byte range that can be a frame: `frame_len u32` + the trailing checksum.
+MIN_FRAME_LEN = 4 + 8
+#: `.idx` offsets are u32, so a `.data` file can never grow past this many bytes.
+MAX_DATA_BYTES = 0xFFFFFFFF
+
+_SEQ_OFF = 13  # frame_len u32, flags u8, topic_id u64 -> seq u64 (docs/FORMATS.md)
+_FLAGS_OFF = 16  # byte offset of `flags` inside one `.idx` entry
+_NAME_RE = re.compile(r"^seg-(\d{16})\.(data|idx)$")
+
+IdxArray = npt.NDArray[np.void]
+"""A 1-D numpy array of :data:`~topics.engine.index.IDX_ENTRY_DTYPE` entries."""
+
+
+# -- errors -------------------------------------------------------------------
+
+
+class SegmentError(Exception):
+    """Base class of segment-file errors."""
+
+
+class SegmentCorrupt(SegmentError):
+    """Bytes of a segment are not what the format promises (seed 0: "surfaced").
+
+    Attributes:
+        path: the file that failed (`.data` or `.idx`).
+        seq: the record seq involved, or None for a whole-file problem.
+        reason: short human-readable cause.
+    """
+
+    def __init__(self, path: str, seq: int | None, reason: str = "corrupt") -> None:
+        where = f" seq {seq}" if seq is not None else ""
+        super().__init__(f"{path}:{where} {reason}")
+        self.path = path
+        self.seq = seq
+        self.reason = reason
+
+
+class SegmentRangeError(SegmentError, LookupError):
+    """A seq or byte range outside what a segment holds (never a silent short read)."""
+
+
+# -- naming --------------------------------------------------------------------
+
+
+class SegmentPaths(NamedTuple):
+    """The two files of one segment."""
+
+    data: str
+    idx: str
+
+
+def segment_name(first_seq: int) -> str:
+    """`seg-<first_seq as 16 zero-padded decimal digits>` (no extension).
+
+    Zero padding makes lexical order equal seq order (seed 0 "Segment format").
+    """
+    if first_seq < 0:
+        raise ValueError(f"first_seq must be >= 0, got {first_seq}")
+    return f"seg-{first_seq:016d}"
+
+
+def segment_paths(directory: str, first_seq: int) -> SegmentPaths:
+    """Full paths of `seg-<first_seq>.data` and `.idx` inside `directory`."""
+    base = os.path.join(directory, segment_name(first_seq))
+    return SegmentPaths(base + ".data", base + ".idx")
+
+
+def topic_dir(root: str, topic_id: int) -> str:
+    """`<root>/topics/<topic_id as 16 lowercase hex digits>`.
+
+    Named by the interned id, never the topic name, so no user string reaches a
+    path (seed 0 "On-disk layout").
+    """
+    if topic_id < 0:
+        raise ValueError(f"topic_id must be >= 0, got {topic_id}")
+    return os.path.join(root, "topics", f"{topic_id:016x}")
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentScan:
+    """What :func:`scan_segments` found in one topic directory.
+
+    Attributes:
+        segments: complete `(first_seq, paths)` pairs, ascending by first_seq.
+        strays: paths of a `.data` without its `.idx` or the reverse (an
+            incomplete segment: never served, left for reclaim).
+        temps: `*.tmp` leftovers of an interrupted put (ignored).
+    """
+
+    segments: list[tuple[int, SegmentPaths]]
+    strays: list[str]
+    temps: list[str]
+
+
+def scan_segments(fs: Fs, directory: str) -> SegmentScan:
+    """Classify the files of a topic directory (a missing directory is empty).
+
+    Names that are neither a segment part nor `.tmp` are ignored.
+    """
+    if not fs.exists(directory):
+        return SegmentScan([], [], [])
+    parts: dict[int, set[str]] = {}
+    temps: list[str] = []
+    for name in fs.listdir(directory):
+        if name.endswith(".tmp"):
+            temps.append(os.path.join(directory, name))
+            continue
+        m = _NAME_RE.match(name)
+        if m is not None:
+            parts.setdefault(int(m.group(1)), set()).add(m.group(2))
+    segments: list[tuple[int, SegmentPaths]] = []
+    strays: list[str] = []
+    for first in sorted(parts):
+        paths = segment_paths(directory, first)
+        kinds = parts[first]
+        if kinds == {"data", "idx"}:
+            segments.append((first, paths))
+        else:
+            strays.append(paths.data if "data" in kinds else paths.idx)
+    return SegmentScan(segments, strays, sorted(temps))
+
+
+def open_segments(fs: Fs, directory: str) -> list[tuple[int, SegmentPaths]]:
+    """Complete segments of `directory`, ascending by first seq.
+
+    `.tmp` files are ignored; a stray half (`.data` without `.idx` or the
+    reverse) is not listed and is reported with a warning on this module's
+    logger (use :func:`scan_segments` to get them as data).
+    """
+    scan = scan_segments(fs, directory)
+    for path in scan.strays:
+        log.warning("stray segment half ignored: %s", path)
+    return scan.segments
+
+
+# -- frame check ---------------------------------------------------------------
+
+
+def frame_problem(frame: bytes | memoryview, seq: int | None = None) -> str | None:
+    """Why `frame` is not a valid segment frame, or None when it is.
+
+    Checks the length prefix (`frame_len == len(frame) - 4`), the seq field when
+    `seq` is given, and the XXH3-64 over `frame[4:-8]` against the trailing u64.
+    """
+    n = len(frame)
+    if n < MIN_FRAME_LEN:
+        return f"frame of {n} bytes is shorter than {MIN_FRAME_LEN}"
+    if int.from_bytes(frame[0:4], "little") != n - 4:
+        return "frame_len does not match the indexed length"
+    if seq is not None and n >= _SEQ_OFF + 8:
+        got = int.from_bytes(frame[_SEQ_OFF : _SEQ_OFF + 8], "little")
+        if got != seq:
+            return f"frame carries seq {got}"
+    if xxhash.xxh3_64_intdigest(frame[4:-8]) != int.from_bytes(frame[-8:], "little"):
+        return "checksum mismatch"
+    return None
+
+
+# -- writer --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentInfo:
+    """Summary of a segment: seqs `[first_seq, last_seq]`, `count` records, `data_bytes`."""
+
+    first_seq: int
+    last_seq: int
+    count: int
+    data_bytes: int
+
+
+def _entries(
+    offsets: Sequence[int], lens: Sequence[int], ts: Sequence[int], flags: Sequence[int]
+) -> IdxArray:
+    arr = np.zeros(len(offsets), IDX_ENTRY_DTYPE)
+    arr["offset"] = offsets
+    arr["len"] = lens
+    arr["ts"] = ts
+    arr["flags"] = flags
+    return arr
+
+
+class SegmentWriter:
+    """Appends frames to the active segment `seg-<first_seq>` of `directory`.
+
+    Seed 0 "Checkpointing the WAL into segments" / "Sealing triggers". The
+    constructor creates both files (and the directory); it refuses to clobber a
+    non-empty existing segment (:meth:`resume` reopens one). Appends are written
+    through at once (`.data` bytes, then `.idx` entries) but are durable only
+    after :meth:`flush`. Not thread-safe: one writer per segment.
+
+    Raises:
+        FileExistsError: a non-empty `.data` or `.idx` already exists.
+        OSError: from the fs.
+    """
+
+    def __init__(self, fs: Fs, directory: str, first_seq: int) -> None:
+        self._init(fs, directory, first_seq)
+        created_dir = not fs.exists(directory)
+        if created_dir:
+            fs.makedirs(directory)
+        for path in self.paths:
+            if fs.exists(path):
+                f = fs.open(path)
+                try:
+                    if f.size() != 0:
+                        raise FileExistsError(f"segment file already exists: {path}")
+                finally:
+                    f.close()
+        self._data = fs.open(self.paths.data, create=True, write=True)
+        try:
+            self._idx = fs.open(self.paths.idx, create=True, write=True)
+        except BaseException:
+            self._data.close()
+            raise
+        self._dir_synced = False
+        self._parent_sync = created_dir
+
+    def _init(self, fs: Fs, directory: str, first_seq: int) -> None:
+        self.fs = fs
+        self.directory = directory
+        self.first_seq = first_seq
+        self.paths = segment_paths(directory, first_seq)
+        self._data_size = 0
+        self._count = 0
+        self._first_ts: int | None = None
+        self._sealed = False
+        self._closed = False
+        self._dirty = False
+
+    @classmethod
+    def resume(
+        cls, fs: Fs, directory: str, first_seq: int, *, max_count: int | None = None
+    ) -> SegmentWriter:
+        """Reopen an existing active segment for appending after a restart.
+
+        Whole `.idx` entries are kept while their frame lies inside `.data` and
+        verifies (and, when given, at most `max_count` of them, e.g. the count
+        recorded by the last CheckpointMark); the first bad entry and everything
+        after it is the torn tail of the active segment and is truncated from
+        both files, which are then fdatasynced. The WAL replays what was cut.
+
+        Raises:
+            FileNotFoundError: either file is missing.
+        """
+        w = cls.__new__(cls)
+        w._init(fs, directory, first_seq)
+        for path in w.paths:
+            if not fs.exists(path):
+                raise FileNotFoundError(path)
+        w._data = fs.open(w.paths.data, write=True)
+        try:
+            w._idx = fs.open(w.paths.idx, write=True)
+        except BaseException:
+            w._data.close()
+            raise
+        w._dir_synced = True
+        w._parent_sync = False
+        try:
+            raw = w._idx.pread(w._idx.size(), 0)
+            whole = len(raw) // IDX_ENTRY_SIZE
+            if max_count is not None:
+                whole = min(whole, max(0, max_count))
+            entries = np.frombuffer(raw, IDX_ENTRY_DTYPE, count=whole)
+            data_size = w._data.size()
+            good = 0
+            end = 0
+            for i in range(whole):
+                off, ln = int(entries["offset"][i]), int(entries["len"][i])
+                if off != end or off + ln > data_size:
+                    break
+                frame = w._data.pread(ln, off)
+                if len(frame) != ln or frame_problem(frame, first_seq + i) is not None:
+                    break
+                good, end = i + 1, off + ln
+            if good * IDX_ENTRY_SIZE != len(raw) or end != data_size:
+                # index first: no durable entry may point past the cut data
+                w._idx.truncate(good * IDX_ENTRY_SIZE)
+                w._idx.fdatasync()
+                w._data.truncate(end)
+                w._data.fdatasync()
+            w._count = good
+            w._data_size = end
+            if good:
+                w._first_ts = int(entries["ts"][0])
+        except BaseException:
+            w.close()
+            raise
+        return w
+
+    # -- state --
+
+    @property
+    def count(self) -> int:
+        """Records appended so far."""
+        return self._count
+
+    @property
+    def data_bytes(self) -> int:
+        """Bytes of `.data` written so far."""
+        return self._data_size
+
+    @property
+    def next_seq(self) -> int:
+        """Seq the next appended frame will have."""
+        return self.first_seq + self._count
+
+    @property
+    def last_seq(self) -> int:
+        """Seq of the newest frame (`first_seq - 1` when empty)."""
+        return self.first_seq + self._count - 1
+
+    @property
+    def first_ts(self) -> int | None:
+        """Commit ts (ms) of the first record; the age trigger's base."""
+        return self._first_ts
+
+    @property
+    def sealed(self) -> bool:
+        return self._sealed
+
+    def age_ms(self, now_ms: int) -> int:
+        """`now_ms - first_ts` (0 when empty; negative if the clock went back)."""
+        return 0 if self._first_ts is None else now_ms - self._first_ts
+
+    def should_seal(self, max_events: int, max_bytes: int, max_age_ms: int, now_ms: int) -> bool:
+        """True when any seal trigger fires (seed 0 "Sealing triggers").
+
+        Triggers: `count >= max_events`, `data_bytes >= max_bytes`, or (when
+        `max_age_ms > 0`) `now_ms - first_ts >= max_age_ms`. An empty segment
+        never seals.
+        """
+        if self._count == 0:
+            return False
+        if self._count >= max_events or self._data_size >= max_bytes:
+            return True
+        return max_age_ms > 0 and self.age_ms(now_ms) >= max_age_ms
+
+    def info(self) -> SegmentInfo:
+        return SegmentInfo(self.first_seq, self.last_seq, self._count, self._data_size)
+
+    # -- appends --
+
+    def append(self, frame: bytes, ts: int, flags: int) -> int:
+        """Append one frame for seq :attr:`next_seq`; returns that seq.
+
+        `ts` is the commit time in ms, `flags` the frame's flags byte. Raises
+        ValueError for a malformed frame/flags or a full `.data` (u32 offsets),
+        SegmentError when sealed or closed, OSError from the fs.
+        """
+        seq = self.next_seq
+        self.append_many([frame], [ts], [flags])
+        return seq
+
+    def append_many(
+        self, frames: Sequence[bytes], ts: Sequence[int], flags: Sequence[int]
+    ) -> IdxArray:
+        """Append a contiguous run of frames (seqs `next_seq ..`); one write per file.
+
+        Returns the `.idx` entries written (an :data:`IdxArray`, offsets into
+        `.data`). Same errors as :meth:`append`; on a validation error nothing is
+        written.
+        """
+        if self._sealed or self._closed:
+            raise SegmentError(f"segment {self.paths.data} is sealed or closed")
+        if not (len(frames) == len(ts) == len(flags)):
+            raise ValueError("frames, ts and flags must have the same length")
+        if not frames:
+            return np.zeros(0, IDX_ENTRY_DTYPE)
+        offsets: list[int] = []
+        lens: list[int] = []
+        pos = self._data_size
+        for frame, fl in zip(frames, flags, strict=True):
+            n = len(frame)
+            if n < MIN_FRAME_LEN or int.from_bytes(frame[0:4], "little") != n - 4:
+                raise ValueError("not a segment frame: frame_len must equal len(frame) - 4")
+            if not 0 <= fl <= 0xFF or fl == DELETED:
+                raise ValueError(f"invalid frame flags {fl:#x}")
+            offsets.append(pos)
+            lens.append(n)
+            pos += n
+        if pos > MAX_DATA_BYTES:
+            raise ValueError("segment .data would exceed the u32 offset range; seal first")
+        entries = _entries(offsets, lens, ts, flags)
+        write_all(self._data, b"".join(frames), self._data_size)
+        write_all(self._idx, entries.tobytes(), self._count * IDX_ENTRY_SIZE)
+        if self._first_ts is None:
+            self._first_ts = int(ts[0])
+        self._data_size = pos
+        self._count += len(frames)
+        self._dirty = True
+        return entries
+
+    # -- durability --
+
+    def flush(self) -> None:
+        """Make every append durable: fdatasync `.data`, then `.idx`.
+
+        On the first flush after creation the directory is fsynced too (and its
+        parent if the writer created the directory), so the new names survive.
+        """
+        if self._closed:
+            raise SegmentError(f"segment {self.paths.data} is closed")
+        if self._dirty or not self._dir_synced:
+            self._data.fdatasync()
+            self._idx.fdatasync()
+            self._dirty = False
+        if not self._dir_synced:
+            self.fs.fsync_dir(self.directory)
+            if self._parent_sync:
+                self.fs.fsync_dir(os.path.dirname(self.directory.rstrip("/")) or ".")
+                self._parent_sync = False
+            self._dir_synced = True
+
+    def seal(self) -> SegmentInfo:
+        """Flush, close and make the segment immutable; returns its summary.
+
+        Later appends raise SegmentError. Sealing an already sealed segment
+        returns the same summary.
+        """
+        if not self._sealed:
+            self.flush()
+            self._sealed = True
+            self.close()
+        return self.info()
+
+    def close(self) -> None:
+        """Close both files without flushing (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            self._data.close()
+            self._idx.close()
+
+    def __enter__(self) -> SegmentWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+# -- reader --------------------------------------------------------------------
+
+
+class SegmentReader:
+    """Reads one segment; `sealed=False` for the active one.
+
+    Seed 0 "Serving reads: mmap vs buffered": a sealed `.data` on a
+    :class:`~topics.storage.fs.RealFs` is mapped once (`use_mmap`) and each
+    record is a slice; the active segment, or any other `Fs`, uses `pread`.
+    Every frame returned has been verified (:func:`frame_problem`).
+
+    Raises:
+        FileNotFoundError / OSError: a part is missing or unreadable.
+    """
+
+    def __init__(
+        self, fs: Fs, directory: str, first_seq: int, *, sealed: bool = True, use_mmap: bool = True
+    ) -> None:
+        self.fs = fs
+        self.first_seq = first_seq
+        self.sealed = sealed
+        self.paths = segment_paths(directory, first_seq)
+        self._map: mmap.mmap | None = None
+        self._entries: IdxArray | None = None
+        self._idx: File = fs.open(self.paths.idx)
+        try:
+            self._data: File = fs.open(self.paths.data)
+        except BaseException:
+            self._idx.close()
+            raise
+        if sealed and use_mmap and isinstance(fs, RealFs) and isinstance(self._data, RealFile):
+            size = self._data.size()
+            if size > 0:
+                self._map = mmap.mmap(self._data.fd, size, access=mmap.ACCESS_READ)
+
+    @property
+    def mmapped(self) -> bool:
+        """Whether `.data` reads are served from a memory map."""
+        return self._map is not None
+
+    # -- index --
+
+    def load_idx(self) -> IdxArray:
+        """Read and validate the whole `.idx` with one `np.frombuffer`.
+
+        Returns a writable array of :data:`IdxArray` (entry `i` is seq
+        `first_seq + i`), cached for :meth:`read`. The `.idx` is read before the
+        `.data` size, so a concurrent writer (data first) cannot fail the check.
+
+        A sealed `.idx` must be whole entries. For the active segment
+        (`sealed=False`) a partial trailing entry is an append in flight (or the
+        torn tail :meth:`SegmentWriter.resume` will cut) and is not served: the
+        size is rounded down to whole entries.
+
+        Raises:
+            SegmentCorrupt: a sealed size that is not a multiple of 20, an entry
+                shorter than a frame, or an entry past the end of `.data`.
+        """
+        raw = self._idx.pread(self._idx.size(), 0)
+        if len(raw) % IDX_ENTRY_SIZE:
+            if self.sealed:
+                raise SegmentCorrupt(
+                    self.paths.idx, None, f"size {len(raw)} is not a multiple of {IDX_ENTRY_SIZE}"
+                )
+            raw = raw[: len(raw) - len(raw) % IDX_ENTRY_SIZE]
+        entries: IdxArray = np.frombuffer(bytearray(raw), IDX_ENTRY_DTYPE)
+        data_size = self._map.size() if self._map is not None else self._data.size()
+        if len(entries):
+            lens = entries["len"]
+            ends = entries["offset"].astype(np.uint64) + lens
+            bad = np.flatnonzero((ends > data_size) | (lens < MIN_FRAME_LEN))
+            if len(bad):
+                i = int(bad[0])
+                off, ln = int(entries["offset"][i]), int(lens[i])
+                why = (
+                    f"entry length {ln} is below {MIN_FRAME_LEN}"
+                    if ln < MIN_FRAME_LEN
+                    else f"entry [{off}, +{ln}) is past the end of .data ({data_size} bytes)"
+                )
+                raise SegmentCorrupt(self.paths.idx, self.first_seq + i, why)
+        self._entries = entries
+        return entries
+
+    def _loaded(self, last_seq: int | None) -> IdxArray:
+        """The cached index, reloaded when it may be stale.
+
+        A sealed index is loaded once. An active one is reloaded when `last_seq`
+        is past the cached end, or always when `last_seq` is None (whole-index
+        questions such as :attr:`count`).
+        """
+        e = self._entries
+        if e is None or (
+            not self.sealed and (last_seq is None or last_seq >= self.first_seq + len(e))
+        ):
+            e = self.load_idx()
+        return e
+
+    @property
+    def count(self) -> int:
+        """Entries in the `.idx` (loads it if needed)."""
+        return len(self._loaded(None))
+
+    @property
+    def last_seq(self) -> int:
+        """Highest seq in the segment (`first_seq - 1` when empty)."""
+        return self.first_seq + self.count - 1
+
+    def read_entry(self, seq: int) -> tuple[int, int, int, int]:
+        """One `.idx` entry `(offset, len, ts, flags)` by direct seek.
+
+        Reads 20 bytes at `(seq - first_seq) * 20` without loading the index.
+        Raises SegmentRangeError when `seq` is outside the file.
+        """
+        i = seq - self.first_seq
+        raw = self._idx.pread(IDX_ENTRY_SIZE, i * IDX_ENTRY_SIZE) if i >= 0 else b""
+        if len(raw) != IDX_ENTRY_SIZE:
+            raise SegmentRangeError(f"seq {seq} not in {self.paths.idx}")
+        e = np.frombuffer(raw, IDX_ENTRY_DTYPE)[0]
+        return int(e["offset"]), int(e["len"]), int(e["ts"]), int(e["flags"])
+
+    # -- records --
+
+    def _bytes(self, offset: int, length: int) -> bytes:
+        if self._map is not None:
+            return self._map[offset : offset + length]
+        return self._data.pread(length, offset)
+
+    def _check(self, frame: bytes, seq: int, length: int) -> bytes:
+        problem = "short read" if len(frame) != length else frame_problem(frame, seq)
+        if problem is not None:
+            raise SegmentCorrupt(self.paths.data, seq, problem)
+        return frame
+
+    def _span(self, first: int, last: int) -> IdxArray:
+        if first > last:
+            return np.zeros(0, IDX_ENTRY_DTYPE)
+        e = self._loaded(last)
+        if first < self.first_seq or last >= self.first_seq + len(e):
+            raise SegmentRangeError(
+                f"seqs [{first}, {last}] not in {self.paths.data} "
+                f"[{self.first_seq}, {self.first_seq + len(e) - 1}]"
+            )
+        return e[first - self.first_seq : last - self.first_seq + 1]
+
+    def read(self, seq: int) -> bytes:
+        """The verified frame of `seq` (deleted or not: the flag is the caller's).
+
+        Raises:
+            SegmentRangeError: `seq` is not in this segment.
+            SegmentCorrupt: length, seq field or checksum mismatch.
+        """
+        e = self._span(seq, seq)[0]
+        off, ln = int(e["offset"]), int(e["len"])
+        return self._check(self._bytes(off, ln), seq, ln)
+
+    def read_range(
+        self, first: int, last: int, *, skip_deleted: bool = False
+    ) -> list[tuple[int, bytes]]:
+        """Verified `(seq, frame)` pairs for seqs `first..last` inclusive.
+
+        The covering byte range is read once (one pread or one mmap slice) and
+        cut per entry. With `skip_deleted`, entries flagged 0xD5 are left out
+        (their bytes are not checked). Same errors as :meth:`read`.
+        """
+        span = self._span(first, last)
+        if not len(span):
+            return []
+        keep = np.flatnonzero(span["flags"] != DELETED) if skip_deleted else np.arange(len(span))
+        if not len(keep):
+            return []
+        offs = span["offset"][keep].astype(np.int64)
+        lens = span["len"][keep].astype(np.int64)
+        lo = int(offs.min())
+        hi = int((offs + lens).max())
+        blob = self._bytes(lo, hi - lo)
+        if len(blob) != hi - lo:
+            raise SegmentCorrupt(self.paths.data, first, "short read")
+        view = memoryview(blob)
+        out: list[tuple[int, bytes]] = []
+        for k, off, ln in zip(keep.tolist(), offs.tolist(), lens.tolist(), strict=True):
+            seq = first + k
+            out.append((seq, self._check(bytes(view[off - lo : off - lo + ln]), seq, ln)))
+        return out
+
+    def verify(self) -> int:
+        """Check every frame (fsck); returns the number verified.
+
+        Raises SegmentCorrupt at the first bad entry or frame.
+        """
+        e = self.load_idx()
+        if len(e):
+            self.read_range(self.first_seq, self.first_seq + len(e) - 1)
+        return len(e)
+
+    # -- deletion --
+
+    def mark_deleted(self, seqs: Iterable[int]) -> None:
+        """Flip the `.idx` flags byte of each seq to 0xD5 in place, then fdatasync.
+
+        Seed 2 §3.5: a delete never rewrites `.data`; the flag sits outside the
+        checksum. Idempotent. Raises SegmentRangeError (before writing anything)
+        for a seq outside the segment.
+        """
+        wanted = sorted(set(seqs))
+        if not wanted:
+            return
+        e = self._loaded(wanted[-1])
+        for seq in wanted:
+            if not self.first_seq <= seq < self.first_seq + len(e):
+                raise SegmentRangeError(f"seq {seq} not in {self.paths.idx}")
+        f = self.fs.open(self.paths.idx, write=True)
+        try:
+            for seq in wanted:
+                write_all(
+                    f, bytes((DELETED,)), (seq - self.first_seq) * IDX_ENTRY_SIZE + _FLAGS_OFF
+                )
+            f.fdatasync()
+        finally:
+            f.close()
+        for seq in wanted:
+            e[seq - self.first_seq]["flags"] = DELETED
+
+    def all_deleted(self) -> bool:
+        """True when every entry is flagged 0xD5 (vacuously true when empty).
+
+        Such a sealed segment can be dropped whole (seed 2 §3.5).
+        """
+        return bool(np.all(self._loaded(None)["flags"] == DELETED))
+
+    def close(self) -> None:
+        """Release the map and both descriptors (idempotent)."""
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        self._data.close()
+        self._idx.close()
+
+    def __enter__(self) -> SegmentReader:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
