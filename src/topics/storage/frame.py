@@ -1,0 +1,723 @@
+"""WAL and segment frames: encoding and a decoder that never raises (docs/FORMATS.md).
+
+Pure functions over bytes; no I/O. All integers are little-endian; the checksum
+is XXH3-64 (seed 0).
+
+WAL frame (one per record, or per control operation)::
+
+    off  size      field
+    0    4         frame_len u32   bytes after this field: 34 + node_len + tag_len + data_len + 8
+    4    1         type      u8    1 Append .. 11 HeadWatermark (FRAME_TYPES)
+    5    1         flags     u8    bit0 has_tag, bit1 has_node, bit2 durable, bit3 has_meta
+    6    8         topic_id  u64
+    14   8         seq       u64
+    22   8         ts        u64   server commit time, ms
+    30   2         node_len  u16
+    32   2         tag_len   u16
+    34   4         data_len  u32
+    38   node_len  node            UTF-8
+    .    tag_len   tag             UTF-8
+    .    data_len  payload         Append: data JSON, or meta_len u32 | meta | data (has_meta)
+    .    8         checksum  u64   XXH3-64 over bytes [4, checksum offset)
+
+A whole frame is `frame_len + 4` bytes; the smallest is 46 (`frame_len` 42).
+
+Segment `.data` frame: the same with the `type` byte removed. `frame_len` counts
+from `flags`; the record fields `[flags .. payload]` are the WAL frame's bytes
+`[5, crc_off)` copied verbatim; the checksum covers `[4, crc_off)` of the segment
+frame. Smallest: 45 bytes (`frame_len` 41).
+
+Invariant: a decoder returns a :class:`Frame` only when all of these hold (the
+FORMATS.md rules, checked in this order): `frame_len` fits in the remaining
+bytes, `frame_len >= minimum`, the three lengths add up to `frame_len`, the type
+is known, the checksum matches, and (ours, only rejecting frames the encoders
+never produce) a node/tag length is 0 unless its flag is set, node/tag decode as
+UTF-8, and an Append payload with `has_meta` holds `meta_len u32` with
+`meta_len <= data_len - 4`. Anything else is :class:`Torn` (the valid prefix ends
+at its offset), and a `frame_len` of 0 or the exact end of the buffer is
+:class:`End`. 1-3 trailing bytes are `End` when all zero (preallocated space),
+else `Torn`. Decoders never raise, for any input.
+
+Encoders derive `has_node`/`has_tag` from `node`/`tag` being not None (an empty
+string is encoded as present) and raise :class:`FrameError` when a field does not
+fit its width or a string is not encodable as UTF-8.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import msgpack
+import xxhash
+
+from topics.engine.records import NewRecord
+
+__all__ = [
+    "APPEND",
+    "TOPIC_CREATE",
+    "TOPIC_DELETE",
+    "ROUTER_CREATE",
+    "ROUTER_DELETE",
+    "DELETE",
+    "EVICT_WATERMARK",
+    "CHECKPOINT_MARK",
+    "CONFIG_UPDATE",
+    "LEASE",
+    "HEAD_WATERMARK",
+    "FRAME_TYPES",
+    "CONTROL_TYPES",
+    "TYPE_NAMES",
+    "F_HAS_TAG",
+    "F_HAS_NODE",
+    "F_DURABLE",
+    "F_HAS_META",
+    "HEADER",
+    "SEG_HEADER",
+    "CHECKSUM",
+    "META_LEN",
+    "MIN_FRAME_LEN",
+    "MIN_FRAME_SIZE",
+    "SEG_MIN_FRAME_LEN",
+    "SEG_MIN_FRAME_SIZE",
+    "TORN_SHORT_PREFIX",
+    "TORN_OVERRUN",
+    "TORN_TOO_SHORT",
+    "TORN_LENGTHS",
+    "TORN_TYPE",
+    "TORN_CHECKSUM",
+    "TORN_FLAGS",
+    "TORN_UTF8",
+    "TORN_META",
+    "TORN_OFFSET",
+    "TORN_UNREADABLE",
+    "checksum",
+    "FrameError",
+    "Frame",
+    "Torn",
+    "End",
+    "ScanResult",
+    "encode_frame",
+    "encode_append",
+    "encode_appends",
+    "encode_control",
+    "decode_frame",
+    "iter_frames",
+    "scan",
+    "wal_to_segment",
+    "encode_segment_record",
+    "decode_segment_frame",
+    "iter_segment_frames",
+    "scan_segment",
+]
+
+# -- frame types ---------------------------------------------------------------
+
+APPEND = 1
+TOPIC_CREATE = 2
+TOPIC_DELETE = 3
+ROUTER_CREATE = 4
+ROUTER_DELETE = 5
+DELETE = 6
+EVICT_WATERMARK = 7
+CHECKPOINT_MARK = 8
+CONFIG_UPDATE = 9
+LEASE = 10
+HEAD_WATERMARK = 11
+
+TYPE_NAMES: dict[int, str] = {
+    APPEND: "Append",
+    TOPIC_CREATE: "TopicCreate",
+    TOPIC_DELETE: "TopicDelete",
+    ROUTER_CREATE: "RouterCreate",
+    ROUTER_DELETE: "RouterDelete",
+    DELETE: "Delete",
+    EVICT_WATERMARK: "EvictWatermark",
+    CHECKPOINT_MARK: "CheckpointMark",
+    CONFIG_UPDATE: "ConfigUpdate",
+    LEASE: "Lease",
+    HEAD_WATERMARK: "HeadWatermark",
+}
+#: Every known type byte.
+FRAME_TYPES: frozenset[int] = frozenset(TYPE_NAMES)
+#: Types whose payload is one msgpack map (everything but Append).
+CONTROL_TYPES: frozenset[int] = FRAME_TYPES - {APPEND}
+
+# -- flag bits -----------------------------------------------------------------
+
+F_HAS_TAG = 0x01
+F_HAS_NODE = 0x02
+F_DURABLE = 0x04
+F_HAS_META = 0x08  # ours: Append payload is meta_len u32 | meta | data
+
+# -- layouts -------------------------------------------------------------------
+
+#: frame_len, type, flags, topic_id, seq, ts, node_len, tag_len, data_len (38 bytes).
+HEADER = struct.Struct("<IBBQQQHHI")
+#: The same without `type` (segment `.data` frames, 37 bytes).
+SEG_HEADER = struct.Struct("<IBQQQHHI")
+#: The trailing XXH3-64.
+CHECKSUM = struct.Struct("<Q")
+#: The `meta_len` prefix of a has_meta Append payload.
+META_LEN = struct.Struct("<I")
+_U32 = struct.Struct("<I")
+
+_CRC = CHECKSUM.size
+_FIXED = HEADER.size - 4  # header bytes counted by frame_len (34)
+_SEG_FIXED = SEG_HEADER.size - 4  # 33
+#: Smallest valid `frame_len` of a WAL frame (header rest + checksum).
+MIN_FRAME_LEN = _FIXED + _CRC  # 42
+#: Smallest whole WAL frame in bytes.
+MIN_FRAME_SIZE = MIN_FRAME_LEN + 4  # 46
+SEG_MIN_FRAME_LEN = _SEG_FIXED + _CRC  # 41
+SEG_MIN_FRAME_SIZE = SEG_MIN_FRAME_LEN + 4  # 45
+
+checksum = xxhash.xxh3_64_intdigest
+"""XXH3-64, seed 0, of a bytes-like object -> int."""
+
+# -- Torn reasons (stable strings: logged, counted, asserted in tests) -----------
+
+TORN_SHORT_PREFIX = "short length prefix"
+TORN_OVERRUN = "frame_len overruns the buffer"
+TORN_TOO_SHORT = "frame_len below the minimum"
+TORN_LENGTHS = "lengths inconsistent with frame_len"
+TORN_TYPE = "unknown frame type"
+TORN_CHECKSUM = "checksum mismatch"
+TORN_FLAGS = "node/tag length without its flag"
+TORN_UTF8 = "node/tag not UTF-8"
+TORN_META = "meta_len inconsistent with data_len"
+TORN_OFFSET = "offset outside the buffer"
+#: Safety net only: the decoder itself hit an unexpected error (never for bytes input).
+TORN_UNREADABLE = "buffer not decodable"
+
+
+class FrameError(ValueError):
+    """A frame cannot be encoded (field too wide, bad type) or a payload is garbage."""
+
+
+Buf = bytes | bytearray | memoryview
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One decoded, checksum-valid frame.
+
+    `offset` is where the frame starts in the decoded buffer and `size` its whole
+    length in bytes (length prefix and checksum included), so the next frame
+    starts at :attr:`end`. `ts` is ms; `node`/`tag` are None when their flag is
+    clear; `payload` is the raw body (use :attr:`data`/:attr:`meta` for an
+    Append, :meth:`control` otherwise). Segment frames decode with
+    `type == APPEND`.
+    """
+
+    type: int
+    flags: int
+    topic_id: int
+    seq: int
+    ts: int
+    node: str | None
+    tag: str | None
+    payload: bytes
+    offset: int
+    size: int
+
+    @property
+    def end(self) -> int:
+        """Offset just past this frame."""
+        return self.offset + self.size
+
+    @property
+    def durable(self) -> bool:
+        return bool(self.flags & F_DURABLE)
+
+    @property
+    def data(self) -> bytes:
+        """An Append record's `data` JSON bytes. Raises FrameError for control frames."""
+        if self.type != APPEND:
+            raise FrameError(f"{TYPE_NAMES.get(self.type, self.type)} frame has no record data")
+        p = self.payload
+        if self.flags & F_HAS_META:
+            return p[4 + _U32.unpack_from(p)[0] :]
+        return p
+
+    @property
+    def meta(self) -> bytes | None:
+        """An Append record's `meta` JSON bytes, None without has_meta.
+
+        Raises FrameError for control frames.
+        """
+        if self.type != APPEND:
+            raise FrameError(f"{TYPE_NAMES.get(self.type, self.type)} frame has no record meta")
+        if not self.flags & F_HAS_META:
+            return None
+        p = self.payload
+        return p[4 : 4 + _U32.unpack_from(p)[0]]
+
+    def control(self) -> dict[Any, Any]:
+        """The msgpack map body of a control frame (types 2-11).
+
+        Raises FrameError for an Append frame or when the payload is not exactly
+        one msgpack map.
+        """
+        if self.type not in CONTROL_TYPES:
+            raise FrameError(f"{TYPE_NAMES.get(self.type, self.type)} frame has no control body")
+        try:
+            body = msgpack.unpackb(self.payload, raw=False, strict_map_key=False)
+        except Exception as e:  # msgpack raises several unrelated types on garbage
+            raise FrameError(f"control payload is not msgpack: {e}") from None
+        if not isinstance(body, dict):
+            raise FrameError(f"control payload is a {type(body).__name__}, not a map")
+        return body
+
+
+@dataclass(frozen=True, slots=True)
+class Torn:
+    """The bytes at `offset` are not a valid frame: the valid prefix ends here."""
+
+    offset: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class End:
+    """Clean end of data at `offset`: end of buffer or zeroed (preallocated) space."""
+
+    offset: int
+
+
+class ScanResult(NamedTuple):
+    """The valid prefix of a buffer.
+
+    `frames` are every frame from `start` up to the first non-frame,
+    `end_offset` is where that prefix ends (truncate a shard there) and `torn`
+    the reason when it ended on a damaged frame rather than on :class:`End`.
+    """
+
+    frames: list[Frame]
+    end_offset: int
+    torn: Torn | None
+
+
+# -- encoding ------------------------------------------------------------------
+
+
+def _frame(
+    typ: int,
+    flags: int,
+    topic_id: int,
+    seq: int,
+    ts: int,
+    nb: bytes,
+    tb: bytes,
+    payload: bytes,
+) -> bytes:
+    nl, tl, dl = len(nb), len(tb), len(payload)
+    try:
+        head = HEADER.pack(_FIXED + nl + tl + dl + _CRC, typ, flags, topic_id, seq, ts, nl, tl, dl)
+    except struct.error as e:
+        raise FrameError(f"frame field out of range: {e}") from None
+    body = b"".join((head, nb, tb, payload))
+    return body + CHECKSUM.pack(checksum(memoryview(body)[4:]))
+
+
+def _text(s: str | None, what: str) -> bytes:
+    if s is None:
+        return b""
+    try:
+        return s.encode()
+    except UnicodeEncodeError:
+        raise FrameError(f"{what} is not encodable as UTF-8") from None
+
+
+def encode_frame(
+    type: int,
+    topic_id: int,
+    seq: int,
+    ts: int,
+    payload: bytes,
+    *,
+    node: str | None = None,
+    tag: str | None = None,
+    flags: int = 0,
+) -> bytes:
+    """One WAL frame of any known `type` with a ready payload -> frame bytes.
+
+    `flags` supplies durable/has_meta; has_node/has_tag are set from `node`/`tag`
+    (not None). Raises FrameError for an unknown type, a value outside its field
+    width (u64 ids/seq/ts, u16 node/tag bytes, u32 frame_len), non-UTF-8-encodable
+    text, or a has_meta Append payload whose meta_len does not fit.
+    """
+    if type not in FRAME_TYPES:
+        raise FrameError(f"unknown frame type {type!r}")
+    flags &= ~(F_HAS_NODE | F_HAS_TAG)
+    if node is not None:
+        flags |= F_HAS_NODE
+    if tag is not None:
+        flags |= F_HAS_TAG
+    if type == APPEND and flags & F_HAS_META:
+        if len(payload) < 4 or _U32.unpack_from(payload)[0] > len(payload) - 4:
+            raise FrameError("has_meta payload does not start with a fitting meta_len")
+    return _frame(
+        type, flags, topic_id, seq, ts, _text(node, "node"), _text(tag, "tag"), bytes(payload)
+    )
+
+
+def encode_append(
+    topic_id: int,
+    seq: int,
+    ts: int,
+    node: str | None,
+    tag: str | None,
+    data: bytes,
+    meta: bytes | None,
+    *,
+    durable: bool,
+) -> bytes:
+    """One Append frame for a record (`data`/`meta` are compact JSON bytes).
+
+    `ts` is ms. The payload is `data`, or `meta_len u32 | meta | data` when
+    `meta` is not None. Raises FrameError as :func:`encode_frame`.
+    """
+    flags = F_DURABLE if durable else 0
+    try:
+        if node is None:
+            nb = b""
+        else:
+            flags |= F_HAS_NODE
+            nb = node.encode()
+        if tag is None:
+            tb = b""
+        else:
+            flags |= F_HAS_TAG
+            tb = tag.encode()
+        nl, tl = len(nb), len(tb)
+        if meta is None:
+            dl = len(data)
+            head = HEADER.pack(
+                _FIXED + nl + tl + dl + _CRC, APPEND, flags, topic_id, seq, ts, nl, tl, dl
+            )
+            body = b"".join((head, nb, tb, data))
+        else:
+            ml = len(meta)
+            dl = 4 + ml + len(data)
+            head = HEADER.pack(
+                _FIXED + nl + tl + dl + _CRC,
+                APPEND,
+                flags | F_HAS_META,
+                topic_id,
+                seq,
+                ts,
+                nl,
+                tl,
+                dl,
+            )
+            body = b"".join((head, nb, tb, ml.to_bytes(4, "little"), meta, data))
+    except struct.error as e:
+        raise FrameError(f"frame field out of range: {e}") from None
+    except UnicodeEncodeError:
+        raise FrameError("node/tag is not encodable as UTF-8") from None
+    return body + CHECKSUM.pack(checksum(memoryview(body)[4:]))
+
+
+def encode_appends(
+    topic_id: int, first_seq: int, ts: int, records: Iterable[NewRecord], durable: bool
+) -> bytes:
+    """Append frames for a batch, seqs `first_seq, first_seq + 1, ...`, all at `ts` (ms).
+
+    Byte-identical to concatenating :func:`encode_append` per record. Raises
+    FrameError as :func:`encode_frame` (nothing is returned for a partial batch).
+    """
+    pack, crc_pack = HEADER.pack, CHECKSUM.pack
+    join = b"".join
+    parts: list[bytes] = []
+    append = parts.append
+    base = F_DURABLE if durable else 0
+    last_node: str | None = None
+    last_nb = b""
+    seq = first_seq
+    try:
+        for r in records:
+            data, meta, node, tag = r[0], r[1], r[2], r[3]
+            flags = base
+            if node is None:
+                nb = b""
+            else:
+                flags |= F_HAS_NODE
+                if node is not last_node:  # a batch usually shares one node string
+                    last_nb = node.encode()
+                    last_node = node
+                nb = last_nb
+            if tag is None:
+                tb = b""
+            else:
+                flags |= F_HAS_TAG
+                tb = tag.encode()
+            nl, tl = len(nb), len(tb)
+            if meta is None:
+                dl = len(data)
+                head = pack(
+                    _FIXED + nl + tl + dl + _CRC, APPEND, flags, topic_id, seq, ts, nl, tl, dl
+                )
+                body = join((head, nb, tb, data))
+            else:
+                ml = len(meta)
+                dl = 4 + ml + len(data)
+                head = pack(
+                    _FIXED + nl + tl + dl + _CRC,
+                    APPEND,
+                    flags | F_HAS_META,
+                    topic_id,
+                    seq,
+                    ts,
+                    nl,
+                    tl,
+                    dl,
+                )
+                body = join((head, nb, tb, ml.to_bytes(4, "little"), meta, data))
+            append(body)
+            append(crc_pack(checksum(memoryview(body)[4:])))
+            seq += 1
+    except struct.error as e:
+        raise FrameError(f"frame field out of range: {e}") from None
+    except UnicodeEncodeError:
+        raise FrameError("node/tag is not encodable as UTF-8") from None
+    return join(parts)
+
+
+def encode_control(
+    type: int,
+    topic_id: int,
+    body: Mapping[Any, Any],
+    *,
+    seq: int = 0,
+    ts: int = 0,
+    durable: bool = False,
+) -> bytes:
+    """One control frame (types 2-11) whose payload is `body` as a msgpack map.
+
+    `topic_id` is 0 when the operation is not about one topic; `seq` is 0 except
+    for Lease (the job seq) and HeadWatermark (the reserved head). Raises
+    FrameError for a non-control type, a body msgpack cannot pack, or a field
+    out of range.
+    """
+    if type not in CONTROL_TYPES:
+        raise FrameError(f"{type!r} is not a control frame type")
+    try:
+        payload = msgpack.packb(dict(body), use_bin_type=True)
+    except Exception as e:  # TypeError/ValueError/OverflowError from the packer
+        raise FrameError(f"control body cannot be packed: {e}") from None
+    return _frame(type, F_DURABLE if durable else 0, topic_id, seq, ts, b"", b"", payload)
+
+
+# -- decoding ------------------------------------------------------------------
+
+
+def _view(buf: Buf) -> memoryview:
+    try:
+        mv = memoryview(buf)
+        if mv.ndim == 1 and mv.format == "B" and mv.c_contiguous:
+            return mv
+        return memoryview(mv.tobytes())
+    except Exception:  # not a buffer at all: treat as nothing to read
+        return memoryview(b"")
+
+
+def _decode(mv: memoryview, off: int, seg: bool) -> Frame | Torn | End:
+    n = len(mv)
+    if off == n:
+        return End(off)
+    if off < 0 or off > n:
+        return Torn(off, TORN_OFFSET)
+    rem = n - off
+    if rem < 4:
+        if any(mv[off:]):
+            return Torn(off, TORN_SHORT_PREFIX)
+        return End(off)
+    frame_len: int = _U32.unpack_from(mv, off)[0]
+    if frame_len == 0:
+        return End(off)
+    if frame_len > rem - 4:
+        return Torn(off, TORN_OVERRUN)
+    if seg:
+        if frame_len < SEG_MIN_FRAME_LEN:
+            return Torn(off, TORN_TOO_SHORT)
+        _, flags, topic_id, seq, ts, nl, tl, dl = SEG_HEADER.unpack_from(mv, off)
+        typ = APPEND
+        if _SEG_FIXED + nl + tl + dl + _CRC != frame_len:
+            return Torn(off, TORN_LENGTHS)
+        p = off + SEG_HEADER.size
+    else:
+        if frame_len < MIN_FRAME_LEN:
+            return Torn(off, TORN_TOO_SHORT)
+        _, typ, flags, topic_id, seq, ts, nl, tl, dl = HEADER.unpack_from(mv, off)
+        if _FIXED + nl + tl + dl + _CRC != frame_len:
+            return Torn(off, TORN_LENGTHS)
+        if typ not in FRAME_TYPES:
+            return Torn(off, TORN_TYPE)
+        p = off + HEADER.size
+    crc_off = off + 4 + frame_len - _CRC
+    if checksum(mv[off + 4 : crc_off]) != CHECKSUM.unpack_from(mv, crc_off)[0]:
+        return Torn(off, TORN_CHECKSUM)
+    if (nl and not flags & F_HAS_NODE) or (tl and not flags & F_HAS_TAG):
+        return Torn(off, TORN_FLAGS)
+    try:
+        node = str(mv[p : p + nl], "utf-8") if flags & F_HAS_NODE else None
+        p += nl
+        tag = str(mv[p : p + tl], "utf-8") if flags & F_HAS_TAG else None
+        p += tl
+    except UnicodeDecodeError:
+        return Torn(off, TORN_UTF8)
+    if typ == APPEND and flags & F_HAS_META:
+        if dl < 4 or _U32.unpack_from(mv, p)[0] > dl - 4:
+            return Torn(off, TORN_META)
+    return Frame(
+        typ, flags, topic_id, seq, ts, node, tag, mv[p : p + dl].tobytes(), off, frame_len + 4
+    )
+
+
+def _safe(mv: memoryview, off: int, seg: bool) -> Frame | Torn | End:
+    try:
+        return _decode(mv, off, seg)
+    except Exception:  # unreachable by construction (fuzzed); the contract is "never raise"
+        return Torn(off if isinstance(off, int) else 0, TORN_UNREADABLE)
+
+
+def decode_frame(buf: Buf, off: int = 0) -> Frame | Torn | End:
+    """Decode the WAL frame starting at byte `off` of `buf`.
+
+    Returns a :class:`Frame` (valid), :class:`End` (`off` is the end of `buf`, or
+    `frame_len` is 0, or only 1-3 zero bytes remain) or :class:`Torn` (anything
+    else; `reason` is one of the ``TORN_*`` strings). Never raises.
+    """
+    return _safe(_view(buf), off, False)
+
+
+def decode_segment_frame(buf: Buf, off: int = 0) -> Frame | Torn | End:
+    """Decode the segment `.data` frame at `off`: same outcomes as :func:`decode_frame`.
+
+    The Frame's `type` is APPEND. Never raises.
+    """
+    return _safe(_view(buf), off, True)
+
+
+def _scan(buf: Buf, start: int, seg: bool) -> ScanResult:
+    mv = _view(buf)
+    frames: list[Frame] = []
+    off = start
+    while True:
+        r = _safe(mv, off, seg)
+        if isinstance(r, Frame):
+            frames.append(r)
+            off += r.size
+        elif isinstance(r, Torn):
+            return ScanResult(frames, off, r)
+        else:
+            return ScanResult(frames, off, None)
+
+
+def scan(buf: Buf, start: int = 0) -> ScanResult:
+    """Decode WAL frames from `start` up to the first End or Torn, never skipping past it.
+
+    `end_offset` is where a shard is truncated. Never raises.
+    """
+    return _scan(buf, start, False)
+
+
+def scan_segment(buf: Buf, start: int = 0) -> ScanResult:
+    """:func:`scan` for segment `.data` frames."""
+    return _scan(buf, start, True)
+
+
+def _iter(buf: Buf, start: int, seg: bool) -> Iterator[Frame]:
+    mv = _view(buf)
+    off = start
+    while True:
+        r = _safe(mv, off, seg)
+        if not isinstance(r, Frame):
+            return
+        yield r
+        off += r.size
+
+
+def iter_frames(buf: Buf, start: int = 0) -> Iterator[Frame]:
+    """Yield WAL frames from `start`, stopping silently at End or Torn (use :func:`scan` for why)."""
+    return _iter(buf, start, False)
+
+
+def iter_segment_frames(buf: Buf, start: int = 0) -> Iterator[Frame]:
+    """:func:`iter_frames` for segment `.data` frames."""
+    return _iter(buf, start, True)
+
+
+# -- segments ------------------------------------------------------------------
+
+
+def wal_to_segment(wal_frame_bytes: Buf) -> bytes:
+    """Convert exactly one whole, valid WAL Append frame into its segment frame.
+
+    Drops the type byte, copies `[flags .. payload]` as one byte range, and
+    rewrites `frame_len` (one less) and the checksum. The source is fully
+    validated first (a corrupt frame is never re-checksummed into a valid one).
+    Raises FrameError when the input is not exactly one valid Append frame.
+    """
+    mv = _view(wal_frame_bytes)
+    r = _safe(mv, 0, False)
+    if not isinstance(r, Frame):
+        raise FrameError(f"not a valid WAL frame: {r}")
+    if r.size != len(mv):
+        raise FrameError(f"{len(mv) - r.size} bytes after the frame")
+    if r.type != APPEND:
+        raise FrameError(f"{TYPE_NAMES[r.type]} frame is not a record")
+    crc_off = r.size - _CRC
+    body = b"".join((_U32.pack(r.size - 5), mv[5:crc_off]))
+    return body + CHECKSUM.pack(checksum(memoryview(body)[4:]))
+
+
+def encode_segment_record(
+    topic_id: int,
+    seq: int,
+    ts: int,
+    node: str | None,
+    tag: str | None,
+    data: bytes,
+    meta: bytes | None,
+    *,
+    durable: bool,
+) -> bytes:
+    """One segment `.data` frame for a record; equals `wal_to_segment(encode_append(...))`.
+
+    Raises FrameError as :func:`encode_append`.
+    """
+    flags = F_DURABLE if durable else 0
+    if node is not None:
+        flags |= F_HAS_NODE
+    if tag is not None:
+        flags |= F_HAS_TAG
+    nb, tb = _text(node, "node"), _text(tag, "tag")
+    nl, tl = len(nb), len(tb)
+    try:
+        if meta is None:
+            dl = len(data)
+            head = SEG_HEADER.pack(
+                _SEG_FIXED + nl + tl + dl + _CRC, flags, topic_id, seq, ts, nl, tl, dl
+            )
+            body = b"".join((head, nb, tb, data))
+        else:
+            ml = len(meta)
+            dl = 4 + ml + len(data)
+            head = SEG_HEADER.pack(
+                _SEG_FIXED + nl + tl + dl + _CRC,
+                flags | F_HAS_META,
+                topic_id,
+                seq,
+                ts,
+                nl,
+                tl,
+                dl,
+            )
+            body = b"".join((head, nb, tb, ml.to_bytes(4, "little"), meta, data))
+    except struct.error as e:
+        raise FrameError(f"frame field out of range: {e}") from None
+    return body + CHECKSUM.pack(checksum(memoryview(body)[4:]))
