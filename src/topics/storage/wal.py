@@ -1,0 +1,506 @@
+"""One WAL shard: preallocated log files, a writer thread and group commit.
+
+Layout of a shard directory (seed: WAL & group commit, on-disk layout)::
+
+    CURRENT                      names the active file (replaced atomically)
+    wal-0000000000000000.log     preallocated, zero-filled, append-only frames
+    wal-0000000000001024.log     the next file: named by the shard-wide index
+                                 of its first frame (ours: frames mix topics,
+                                 so a record seq cannot name a file)
+
+Invariants:
+
+* Bytes are written in submission order by one writer thread; a batch is one
+  `pwrite` (many frames) and, when any member needs it, one `fdatasync`.
+* A member is acknowledged only after its class's commit point: `sync=True`
+  members after the `fdatasync` returned, others after the write. A lone
+  submission is written at once (no waiting window); under load, everything
+  queued while the previous batch was syncing forms the next batch.
+* Files are preallocated by writing zeros (cheaper `fdatasync` than a growing
+  file on this machine, notes/peers-and-limits.md §1a), so the end of the log is
+  the first frame whose length field is zero or whose checksum fails.
+* A failed write or sync fails every member of its batch. A failed `fdatasync`
+  latches the shard read-only (the kernel may have dropped the dirty pages, so a
+  retry could report success for lost bytes); a failed `pwrite` rewinds the tail
+  so the next batch overwrites the partial bytes.
+
+Time for the periodic sync of non-`fsync` members comes from `time.monotonic`
+inside the writer thread: it only paces background work and never decides
+correctness.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import posixpath
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from topics.storage.frame import End, Frame, Torn, scan
+from topics.storage.fs import File, Fs, write_all
+
+__all__ = [
+    "WalShard",
+    "WalEntry",
+    "WalFull",
+    "WalReadOnly",
+    "ShardScan",
+    "scan_shard",
+    "wal_file_name",
+    "DEFAULT_FILE_BYTES",
+]
+
+log = logging.getLogger("topics.wal")
+
+DEFAULT_FILE_BYTES = 64 * 1024 * 1024
+DEFAULT_QUEUE_MAX = 4096
+DEFAULT_SYNC_INTERVAL_S = 0.005
+MAX_BATCH_BYTES = 8 * 1024 * 1024
+_ZERO_CHUNK = bytes(1 << 20)
+
+
+class WalFull(Exception):
+    """The shard's ingest queue is full (the HTTP layer answers 429)."""
+
+
+class WalReadOnly(Exception):
+    """The shard is latched read-only after a sync or rotation failure (500)."""
+
+
+def wal_file_name(first_index: int) -> str:
+    """`wal-<first frame index, 16 zero-padded digits>.log`."""
+    return f"wal-{first_index:016d}.log"
+
+
+@dataclass(eq=False)
+class WalEntry:
+    """One submission: encoded frames, whether it needs fsync, and its outcome.
+
+    `done` is called exactly once, from the writer thread, with
+    `(entry, ok, fsync_ms)`; `fsync_ms` is the sync time of the batch (0.0 when
+    the entry did not wait for a sync).
+    """
+
+    data: bytes
+    frames: int
+    sync: bool
+    done: Callable[[WalEntry, bool, float], None]
+    ok: bool = False
+    fsync_ms: float = 0.0
+    error: BaseException | None = None
+    index: int = 0  # shard-wide index of the entry's first frame
+
+
+@dataclass
+class WalMetrics:
+    frames: int = 0
+    batches: int = 0
+    fsyncs: int = 0
+    bytes_written: int = 0
+    rotations: int = 0
+    submit_full: int = 0
+    queue_depth_peak: int = 0
+    fsync_micros_total: int = 0
+    fsync_hist: list[int] = field(default_factory=lambda: [0] * 10)
+
+    BUCKETS_US = (50, 100, 250, 500, 1000, 5000, 10000, 50000, 100000)
+
+    def observe_fsync(self, us: int) -> None:
+        self.fsyncs += 1
+        self.fsync_micros_total += us
+        for i, b in enumerate(self.BUCKETS_US):
+            if us <= b:
+                self.fsync_hist[i] += 1
+                return
+        self.fsync_hist[-1] += 1
+
+
+@dataclass
+class ShardScan:
+    """What recovery found in a shard: valid frames in order and where the log ends."""
+
+    frames: list[tuple[str, Frame]]  # (file name, frame)
+    end_file: str | None  # file holding the logical end (None: no files)
+    end_offset: int  # byte offset of the logical end inside end_file
+    next_index: int  # shard-wide index the next frame gets
+    torn: Torn | None  # the invalid frame that ended the log, if any
+    later_files: list[str]  # files after the end (to be removed on open)
+
+
+def _list_wal_files(fs: Fs, d: str) -> list[str]:
+    try:
+        names = fs.listdir(d)
+    except FileNotFoundError:
+        return []
+    return sorted(n for n in names if n.startswith("wal-") and n.endswith(".log"))
+
+
+def _first_index(name: str) -> int:
+    return int(name[4:-4])
+
+
+def scan_shard(fs: Fs, d: str) -> ShardScan:
+    """Read every file of a shard in order and stop at the first invalid frame.
+
+    Raises OSError from the filesystem. Never raises on corrupt bytes: the
+    first torn frame (or zeroed space) is the logical end of the shard.
+    """
+    files = _list_wal_files(fs, d)
+    frames: list[tuple[str, Frame]] = []
+    if not files:
+        return ShardScan(frames, None, 0, 0, None, [])
+    for i, name in enumerate(files):
+        f = fs.open(posixpath.join(d, name))
+        try:
+            buf = f.pread(f.size(), 0)
+        finally:
+            f.close()
+        res = scan(buf)
+        frames.extend((name, fr) for fr in res.frames)
+        nxt = _first_index(name) + len(res.frames)
+        # A rotated file ends in zeroed space; the log continues in the next file
+        # only when that file starts exactly at the next frame index.
+        last = i == len(files) - 1
+        if res.torn is not None or last or _first_index(files[i + 1]) != nxt:
+            return ShardScan(frames, name, res.end_offset, nxt, res.torn, files[i + 1 :])
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+class WalShard:
+    """An open shard: submit entries from any thread, one writer thread persists them.
+
+    Construct with :meth:`open`, which recovers the tail (zeroes any torn bytes
+    after the last valid frame, removes files after it) and starts the writer.
+    """
+
+    def __init__(
+        self,
+        fs: Fs,
+        directory: str,
+        *,
+        file_bytes: int = DEFAULT_FILE_BYTES,
+        queue_max: int = DEFAULT_QUEUE_MAX,
+        sync_interval_s: float = DEFAULT_SYNC_INTERVAL_S,
+    ) -> None:
+        self.fs = fs
+        self.dir = directory
+        self.file_bytes = file_bytes
+        self.queue_max = queue_max
+        self.sync_interval_s = sync_interval_s
+        self.metrics = WalMetrics()
+        self.read_only = False
+        self._q: queue.SimpleQueue[WalEntry | None] = queue.SimpleQueue()
+        self._depth = 0
+        self._depth_lock = threading.Lock()
+        self._file: File | None = None
+        self._file_name = ""
+        self._file_first = 0
+        self._offset = 0
+        self._next_index = 0
+        self._dirty = False  # written but not yet fdatasync'ed
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    # ------------------------------------------------------------ lifecycle
+
+    @classmethod
+    def open(cls, fs: Fs, directory: str, **kw: Any) -> tuple[WalShard, ShardScan]:
+        """Recover the shard's tail and start writing after it.
+
+        Returns the shard and the scan (the valid frames, for replay). Raises
+        OSError when the directory cannot be read, repaired or preallocated.
+        """
+        shard = cls(fs, directory, **kw)
+        fs.makedirs(directory)
+        found = scan_shard(fs, directory)
+        shard._adopt(found)
+        shard._start()
+        return shard, found
+
+    def _adopt(self, found: ShardScan) -> None:
+        fs = self.fs
+        for name in found.later_files:
+            log.warning("wal %s: removing %s after the end of the log", self.dir, name)
+            fs.unlink(posixpath.join(self.dir, name))
+        if found.end_file is None:
+            self._new_file(0)
+            return
+        path = posixpath.join(self.dir, found.end_file)
+        f = fs.open(path, write=True)
+        size = f.size()
+        if found.torn is not None:
+            log.warning(
+                "wal %s: torn frame in %s at %d (%s); truncating the log there",
+                self.dir,
+                found.end_file,
+                found.torn.offset,
+                found.torn.reason,
+            )
+        # Zero everything after the last valid frame so the next scan ends there.
+        end = found.end_offset
+        if end < size:
+            self._zero(f, end, size)
+        if size < self.file_bytes:
+            self._zero(f, size, self.file_bytes)
+        f.fdatasync()
+        self._file = f
+        self._file_name = found.end_file
+        self._file_first = _first_index(found.end_file)
+        self._offset = end
+        self._next_index = found.next_index
+        if found.later_files:
+            fs.fsync_dir(self.dir)
+        self._write_current()
+
+    def _zero(self, f: File, start: int, stop: int) -> None:
+        off = start
+        while off < stop:
+            n = min(len(_ZERO_CHUNK), stop - off)
+            write_all(f, _ZERO_CHUNK[:n], off)
+            off += n
+
+    def _new_file(self, first_index: int) -> None:
+        """Create, zero-fill and fsync the next log file, then point CURRENT at it."""
+        name = wal_file_name(first_index)
+        path = posixpath.join(self.dir, name)
+        f = self.fs.open(path, create=True, write=True)
+        self._zero(f, 0, self.file_bytes)
+        f.fdatasync()
+        self.fs.fsync_dir(self.dir)
+        old = self._file
+        self._file = f
+        self._file_name = name
+        self._file_first = first_index
+        self._offset = 0
+        self._next_index = first_index
+        self._write_current()
+        if old is not None:
+            old.close()
+
+    def _write_current(self) -> None:
+        tmp = posixpath.join(self.dir, "CURRENT.tmp")
+        f = self.fs.open(tmp, create=True, write=True)
+        try:
+            f.truncate(0)
+            write_all(f, (self._file_name + "\n").encode(), 0)
+            f.fdatasync()
+        finally:
+            f.close()
+        self.fs.replace(tmp, posixpath.join(self.dir, "CURRENT"))
+        self.fs.fsync_dir(self.dir)
+
+    def _start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._run, name=f"wal-writer {self.dir}", daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        """Write and sync everything queued, then stop the writer thread."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._q.put(None)
+        if self._thread is not None:
+            self._thread.join()
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    # ------------------------------------------------------------ submission
+
+    @property
+    def queue_depth(self) -> int:
+        return self._depth
+
+    def submit(self, entry: WalEntry) -> None:
+        """Queue an entry for the writer; raises WalFull or WalReadOnly (nothing queued)."""
+        if self.read_only:
+            raise WalReadOnly(self.dir)
+        if self._stopped:
+            raise WalReadOnly(f"{self.dir} is closed")
+        with self._depth_lock:
+            if self._depth >= self.queue_max:
+                self.metrics.submit_full += 1
+                raise WalFull(self.dir)
+            self._depth += 1
+            if self._depth > self.metrics.queue_depth_peak:
+                self.metrics.queue_depth_peak = self._depth
+        self._q.put(entry)
+
+    # ------------------------------------------------------------ the writer
+
+    def _run(self) -> None:
+        q = self._q
+        stopping = False
+        while True:
+            try:
+                timeout = self.sync_interval_s if self._dirty else None
+                first = q.get(timeout=timeout)
+            except queue.Empty:
+                self._background_sync()
+                continue
+            batch: list[WalEntry] = []
+            size = 0
+            item: WalEntry | None = first
+            while True:
+                if item is None:
+                    stopping = True
+                else:
+                    batch.append(item)
+                    size += len(item.data)
+                if size >= MAX_BATCH_BYTES:
+                    break
+                try:
+                    item = q.get_nowait()
+                except queue.Empty:
+                    break
+            if batch:
+                with self._depth_lock:
+                    self._depth -= len(batch)
+                self._commit(batch)
+            if stopping:
+                if self._dirty and not self.read_only:
+                    self._background_sync()
+                return
+
+    def _background_sync(self) -> None:
+        if not self._dirty or self._file is None or self.read_only:
+            return
+        try:
+            t0 = time.perf_counter()
+            self._file.fdatasync()
+            self.metrics.observe_fsync(int((time.perf_counter() - t0) * 1e6))
+            self._dirty = False
+        except OSError as exc:
+            self._latch(f"background fdatasync failed: {exc}")
+
+    def _latch(self, why: str) -> None:
+        if not self.read_only:
+            log.error("wal %s is now read-only: %s", self.dir, why)
+        self.read_only = True
+
+    def _fail(self, batch: list[WalEntry], exc: BaseException | None) -> None:
+        for e in batch:
+            e.ok = False
+            e.error = exc
+            try:
+                e.done(e, False, 0.0)
+            except Exception:  # pragma: no cover - a callback bug must not kill the writer
+                log.exception("wal completion callback failed")
+
+    def _commit(self, batch: list[WalEntry]) -> None:
+        """Write a batch (rotating at entry boundaries), sync once if needed, complete it."""
+        if self.read_only or self._file is None:
+            self._fail(batch, WalReadOnly(self.dir))
+            return
+        written: list[WalEntry] = []
+        i = 0
+        while i < len(batch):
+            room = self.file_bytes - self._offset
+            j = i
+            size = 0
+            while j < len(batch) and size + len(batch[j].data) <= room:
+                size += len(batch[j].data)
+                j += 1
+            if j == i:
+                if self._offset == 0:
+                    # A single entry larger than a whole file can never be written.
+                    self._fail([batch[i]], OSError(errno.EFBIG, "entry exceeds the WAL file size"))
+                    i += 1
+                    continue
+                try:
+                    self._rotate()
+                except OSError as exc:
+                    self._latch(f"rotation failed: {exc}")
+                    self._fail(batch[i:], exc)
+                    break
+                continue
+            chunk = batch[i:j]
+            if not self._write_chunk(chunk, size):
+                self._fail(batch[i:], chunk[0].error)
+                break
+            written.extend(chunk)
+            i = j
+        if not written:
+            return
+        fsync_ms = 0.0
+        if any(e.sync for e in written):
+            try:
+                assert self._file is not None
+                t0 = time.perf_counter()
+                self._file.fdatasync()
+                dt = time.perf_counter() - t0
+                self.metrics.observe_fsync(int(dt * 1e6))
+                fsync_ms = dt * 1000
+                self._dirty = False
+            except OSError as exc:
+                self._latch(f"fdatasync failed: {exc}")
+                self._fail(written, exc)
+                return
+        else:
+            self._dirty = True
+        self.metrics.batches += 1
+        for e in written:
+            e.ok = True
+            e.fsync_ms = fsync_ms if e.sync else 0.0
+            try:
+                e.done(e, True, e.fsync_ms)
+            except Exception:  # pragma: no cover
+                log.exception("wal completion callback failed")
+
+    def _write_chunk(self, chunk: list[WalEntry], size: int) -> bool:
+        """One pwrite of whole entries at the tail; False (entries marked) on failure."""
+        assert self._file is not None
+        data = b"".join([e.data for e in chunk]) if len(chunk) > 1 else chunk[0].data
+        start = self._offset
+        try:
+            write_all(self._file, data, start)
+        except OSError as exc:
+            log.error("wal %s: write failed at %d: %s", self.dir, start, exc)
+            for e in chunk:
+                e.error = exc
+            # Zero whatever part landed, so no later (shorter) write can leave a
+            # stale but valid frame of this failed batch behind the new tail.
+            try:
+                self._zero(self._file, start, min(start + size, self.file_bytes))
+            except OSError as exc2:
+                self._latch(f"cannot clear a failed write: {exc2}")
+            return False
+        self._offset = start + size
+        index = self._next_index
+        for e in chunk:
+            e.index = index
+            index += e.frames
+        self._next_index = index
+        self.metrics.frames += sum(e.frames for e in chunk)
+        self.metrics.bytes_written += size
+        return True
+
+    def _rotate(self) -> None:
+        """Sync the full file and switch to a fresh preallocated one."""
+        assert self._file is not None
+        self._file.fdatasync()
+        self._dirty = False
+        self._new_file(self._next_index)
+        self.metrics.rotations += 1
+
+    # ------------------------------------------------------------ inspection
+
+    def files(self) -> list[str]:
+        return _list_wal_files(self.fs, self.dir)
+
+    @property
+    def position(self) -> tuple[str, int, int]:
+        """(active file, byte offset of the tail, next frame index)."""
+        return self._file_name, self._offset, self._next_index
+
+
+def is_end(x: object) -> bool:
+    """True for the decoder's End marker (zeroed space / end of buffer)."""
+    return isinstance(x, End)
