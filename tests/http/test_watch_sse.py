@@ -16,6 +16,7 @@ import uvicorn
 
 from topics.config import load_config
 from topics.http.app import TopicsApp
+from topics.http.watch import Waker
 
 Env = dict[str, str]
 
@@ -455,5 +456,77 @@ def test_slow_consumer_does_not_delay_a_fast_one() -> None:
                 await writer.wait_closed()
             await eventually(lambda: app.sse_total == 0 and slow.open_streams == 0)
             assert not app.engine.topics["big"].listeners
+
+    run(body)
+
+
+async def _chunks(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
+    """The body chunks of a chunked HTTP/1.1 response, one per server write."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head.lower()
+    while True:
+        size = int((await reader.readuntil(b"\r\n")).strip(), 16)
+        if size == 0:
+            return
+        data = await reader.readexactly(size + 2)
+        yield data[:-2]
+
+
+@pytest.mark.timeout(30)
+def test_frames_of_one_pass_share_one_write() -> None:
+    async def body() -> None:
+        async with serve({"TOPICS_TEST_MIN_HEARTBEAT_MS": "50"}) as (_app, c):
+            await c.put("/v0/topics/a")
+            await c.put("/v0/topics/b")
+            w = await watch(c, {"topics": {"a": {}, "b": {}}, "heartbeat_ms": 300})
+            port = int(str(c.base_url).rsplit(":", 1)[1].rstrip("/"))
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(f"GET {w['stream_url']} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            chunks = _chunks(reader)
+            assert await anext(chunks) == b"retry: 2000\n\n"
+            first = await anext(chunks)  # both topics' caught-up frames, one write
+            assert first.count(b"event: caught-up\n") == 2
+            # one publish: record + caught-up go out together, nothing held back
+            await write(c, "a", 1)
+            chunk = await anext(chunks)
+            assert chunk.count(b"\n\n") == 2
+            assert chunk.startswith(b"id: ") and b"event: record\n" in chunk
+            assert chunk.index(b"event: record") < chunk.index(b"event: caught-up")
+            # frames flowing more often than the heartbeat interval: no heartbeat
+            for i in range(12):
+                await write(c, "b", i)
+                got = await anext(chunks)
+                assert b"event: record" in got and b": hb" not in got
+                await asyncio.sleep(0.05)
+            # idle: the heartbeat timer fires
+            assert await anext(chunks) == b": hb\n\n"
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+    run(body)
+
+
+def test_waker() -> None:
+    async def body() -> None:
+        w = Waker(asyncio.get_running_loop())
+        w.set()
+        await w.wait()  # already set: no parking
+        w.clear()
+        assert not w.is_set()
+        task = asyncio.create_task(w.wait())
+        await asyncio.sleep(0.01)
+        assert not task.done()
+        asyncio.get_running_loop().call_soon(w.set)
+        await asyncio.wait_for(task, 1)
+        assert w.is_set()
+        w.clear()
+        task = asyncio.create_task(w.wait())
+        await asyncio.sleep(0)
+        task.cancel()  # a cancelled wait leaves the waker usable
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        w.set()
+        await asyncio.wait_for(w.wait(), 1)
 
     run(body)

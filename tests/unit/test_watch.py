@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import random
 import re
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -15,11 +17,13 @@ from topics.engine.core import Engine
 from topics.engine.watch import (
     SESSION_TTL_MS,
     Delivery,
+    Event,
     ReadOpts,
     WatchRegistry,
     WatchSession,
     WatchStream,
     clamp_heartbeat,
+    composite_id_of,
     decode_composite_id,
     drain_step,
     encode_composite_id,
@@ -436,3 +440,234 @@ def test_shutdown_frame_carries_the_composite_id() -> None:
         "code": "server_shutting_down",
         "message": "server is shutting down; reconnect",
     }
+
+
+# ------------------------------------------------------------ shared tail reads
+
+
+def _reference_step(
+    eng: Engine, d: Delivery, cursor: int, opts: ReadOpts, *, relabel_first: bool
+) -> tuple[list[tuple[str, bytes]], int, bool]:
+    """drain_step as it was before reads were shared: a fresh `Topic.read` every time."""
+    t = d.topic
+    assert t is not None and t.alive and not d.deleted
+    now = eng.prepare_read(t)
+    r = t.read(
+        cursor,
+        opts.limit,
+        opts.budget,
+        now=now,
+        nodes=opts.nodes,
+        include_tags=opts.include_tags,
+        include_meta=opts.include_meta,
+        include_data=opts.include_data,
+    )
+    out: list[tuple[str, bytes]] = []
+    cur = cursor
+    tomb = r.tombstone
+    if tomb is not None:
+        reason = "from_seq_too_old" if (relabel_first and d.first_read) else tomb.reason
+        cur = tomb.gap_to
+        ev = Event(
+            "tombstone",
+            t.name,
+            t.name_json,
+            cur,
+            tomb.head_seq,
+            reason=reason,
+            gap_from=tomb.gap_from,
+            gap_to=tomb.gap_to,
+            earliest_seq=tomb.earliest_seq,
+        )
+        out.append((ev.kind, ev.data()))
+        d.pending_caught_up = True
+    d.first_read = False
+    if r.records:
+        ev = Event(
+            "record",
+            t.name,
+            t.name_json,
+            r.next_from_seq,
+            r.head_seq,
+            from_seq=cur,
+            records=tuple(r.records),
+        )
+        out.append((ev.kind, ev.data()))
+        d.pending_caught_up = True
+    cur = r.next_from_seq
+    drained = r.caught_up
+    if drained and d.pending_caught_up:
+        out.append(("caught-up", Event("caught-up", t.name, t.name_json, cur, r.head_seq).data()))
+        d.pending_caught_up = False
+    if not drained and not r.records and tomb is None and r.next_from_seq == cursor:
+        drained = True
+    return out, cur, drained
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_shared_reads_match_fresh_reads(seed: int) -> None:
+    """Randomised: readers sharing a topic's tail read see exactly what a fresh read gives.
+
+    Writes (nodes, tags, meta), deletes by tag and by seq, TTL expiry, cap eviction and
+    config changes are interleaved with groups of readers at the same cursor.
+    """
+    rng = random.Random(seed)
+    eng, _, clock = mk()
+    t, _ = eng.put_topic("a", {})
+    opts_pool: list[Callable[[], dict[str, Any]]] = [
+        lambda: {},
+        lambda: {"limit": rng.randint(1, 4)},
+        lambda: {"budget": rng.choice([1, 40, 100])},
+        lambda: {"nodes": ["n1"]},
+        lambda: {"nodes": ["n1", "n2"], "limit": 3},
+        lambda: {"include_tags": True, "include_meta": False},
+        lambda: {"include_data": False, "include_tags": True},
+    ]
+    for _ in range(300):
+        op = rng.random()
+        if op < 0.3:
+            recs: list[dict[str, Any]] = []
+            for _ in range(rng.randint(1, 4)):
+                rec: dict[str, Any] = {"data": rng.randint(0, 99)}
+                if rng.random() < 0.4:
+                    rec["node"] = rng.choice(["n1", "n2", "n3"])
+                if rng.random() < 0.4:
+                    rec["tag"] = rng.choice(["x", "y"])
+                if rng.random() < 0.3:
+                    rec["meta"] = {"m": 1}
+                recs.append(rec)
+            res = eng.begin_write("a", eng.parse_write({"records": recs}, None))
+            assert not isinstance(res, dict)
+        elif op < 0.37:
+            eng.delete_records("a", {"match": rng.choice(["x", "y"])})
+        elif op < 0.41 and t.head_seq:
+            eng.delete_records("a", {"before_seq": rng.randint(1, t.head_seq)})
+        elif op < 0.5:
+            clock.advance(rng.randint(0, 40))
+        elif op < 0.55:
+            cfg = rng.choice(
+                [{}, {"ttl_ms": 60}, {"cap_records": 8}, {"dedupe_node": False}, {"cap_bytes": 200}]
+            )
+            eng.put_topic("a", cfg)
+        else:
+            cursor = rng.randint(max(0, t.head_seq - 6), t.head_seq + 1)
+            kw = rng.choice(opts_pool)()
+            relabel = rng.random() < 0.5
+            for _ in range(rng.randint(1, 4)):
+                first, pending = rng.random() < 0.3, rng.random() < 0.5
+                # equal but not identical options across the readers of a group
+                fresh: dict[str, Any] = {k: list(v) if k == "nodes" else v for k, v in kw.items()}
+                opts = ReadOpts(**fresh)
+                d = Delivery("a", t, first_read=first, pending_caught_up=pending)
+                ref = Delivery("a", t, first_read=first, pending_caught_up=pending)
+                step = drain_step(eng, d, cursor, opts, relabel_first=relabel)
+                want = _reference_step(eng, ref, cursor, opts, relabel_first=relabel)
+                got = ([(e.kind, e.data()) for e in step.events], step.cursor, step.drained)
+                assert got == want
+                assert (d.first_read, d.pending_caught_up) == (
+                    ref.first_read,
+                    ref.pending_caught_up,
+                )
+
+
+def test_streams_at_the_same_cursor_share_one_read_and_its_events() -> None:
+    eng, reg, _ = mk()
+    eng.put_topic("a", {})
+    streams = [WatchStream(eng, session(reg, {"topics": {"a": {"tail": True}}})) for _ in range(3)]
+    for ws in streams:
+        assert ws.pass_sse("a", [])
+    write(eng, "a", 1)
+    t = eng.get("a")
+    assert t is not None
+    reads = 0
+    orig = t.read
+
+    def counting(*a: Any, **kw: Any) -> Any:
+        nonlocal reads
+        reads += 1
+        return orig(*a, **kw)
+
+    t.read = counting  # type: ignore[method-assign]
+    outs: list[list[bytes]] = []
+    for ws in streams:
+        out: list[bytes] = []
+        assert ws.pass_sse("a", out)
+        outs.append(out)
+    assert reads == 1
+    assert outs[0] == outs[1] == outs[2] and len(outs[0]) == 2
+    assert outs[0][0] is outs[1][0]  # the rendered frame itself is shared
+    assert outs[0][0].startswith(b"id: " + encode_composite_id({"a": 1}).encode())
+    # a delete below the head changes what the same cursor reads: no stale share
+    write(eng, "a", 2, 3)
+    first: list[bytes] = []
+    streams[0].pass_sse("a", first)
+    assert b'"to_seq":3' in first[0] and reads == 2
+    eng.delete_records("a", {"before_seq": 3})
+    streams[1].pass_sse("a", out := [])
+    assert reads == 3
+    assert b'"$seq":2' not in out[0] and b'"$seq":3' in out[0]
+
+
+def test_composite_id_cache_follows_cursor_changes() -> None:
+    eng, reg, _ = mk()
+    eng.put_topic("a", {})
+    eng.put_topic("b", {})
+    s = session(reg, {"topics": {"a": {}, "b": {}}})
+    one, two = WatchStream(eng, s), WatchStream(eng, s)
+    assert one.composite_id() == encode_composite_id({"a": 0, "b": 0})
+    write(eng, "a", 1, 2)
+    drain(two)  # the other stream on the same wid moves the shared cursors
+    assert one.composite_id() == encode_composite_id({"a": 2, "b": 0})
+    s.rewind(encode_composite_id({"a": 1}))
+    assert one.composite_id() == encode_composite_id({"a": 1, "b": 0}) == s.composite_id()
+    assert composite_id_of({"x": 5}) == encode_composite_id({"x": 5})
+    big = {f"t{i:02d}": i for i in range(40)}
+    assert composite_id_of(big) == encode_composite_id(big)
+    # an empty session (every topic dropped by `lenient`) still gets a valid id
+    empty = WatchSession("wid_x", {}, ReadOpts(), 1000, None, False, 0)
+    assert WatchStream(eng, empty).composite_id() == encode_composite_id({}) == "e30"
+
+
+def test_render_memo_is_per_id() -> None:
+    eng, _, _ = mk()
+    t, _ = eng.put_topic("a", {})
+    write(eng, "a", 1)
+    rec = drain_step(eng, Delivery("a", t), 0, ReadOpts(), relabel_first=True).events[0]
+    x1, y1, x2 = render_sse(rec, "X"), render_sse(rec, "Y"), render_sse(rec, "X")
+    assert x1 == x2 and x1.startswith(b"id: X\n") and y1.startswith(b"id: Y\n")
+    assert x1[6:] == y1[6:]
+    assert render_ws(rec) is render_ws(rec)
+    assert rec == Event(
+        "record", "a", rec.name_json, 1, 1, from_seq=0, records=rec.records
+    )  # memo slots take no part in equality
+
+
+def test_equal_read_options_are_one_instance() -> None:
+    eng, reg, _ = mk()
+    eng.put_topic("a", {})
+    s1 = session(reg, {"topics": {"a": {}}, "node": ["n1"], "limit": 5})
+    s2 = session(reg, {"topics": {"a": {}}, "node": ["n1"], "limit": 5})
+    s3 = session(reg, {"topics": {"a": {}}, "node": ["n2"], "limit": 5})
+    assert s1.opts is s2.opts and s1.opts == ReadOpts(["n1"], 5)
+    assert s3.opts is not s1.opts and s3.opts.nodes == ["n2"]
+
+
+def test_shared_read_is_dropped_on_config_change_and_ttl_cutoff() -> None:
+    eng, _, clock = mk()
+    t, _ = eng.put_topic("a", {})
+    write(eng, "a", 1, 2, node="n1")
+    opts = ReadOpts(nodes=["n1"])
+    step = drain_step(eng, Delivery("a", t), 0, opts, relabel_first=False)
+    assert [e.kind for e in step.events] == ["caught-up"]  # own records are skipped
+    eng.put_topic("a", {"dedupe_node": False})  # same head, same records: new config
+    step = drain_step(eng, Delivery("a", t), 0, opts, relabel_first=False)
+    assert [e.kind for e in step.events] == ["record", "caught-up"]
+    assert len(step.events[0].records) == 2
+    # TTL: a cursor read again after expiry sees the eviction, not the earlier result
+    eng.put_topic("a", {"dedupe_node": False, "ttl_ms": 100})
+    step = drain_step(eng, Delivery("a", t), 0, ReadOpts(), relabel_first=False)
+    assert [e.kind for e in step.events] == ["record", "caught-up"]
+    clock.advance(101)
+    step = drain_step(eng, Delivery("a", t), 0, ReadOpts(), relabel_first=False)
+    assert [e.kind for e in step.events] == ["tombstone", "caught-up"]
+    assert step.events[0].reason == "ttl"

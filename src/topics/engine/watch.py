@@ -12,6 +12,12 @@ it; :class:`WatchStream` wraps it for one SSE connection (composite ids,
 `from_seq_too_old` relabelling, session cursor updates). Record events splice the
 stored JSON fragments; nothing here re-parses a payload.
 
+Fan-out is cheap: streams parked at a topic's head wake on the same publish and
+read the same records from the same cursor, so the first one's read (and the
+immutable events built from it, with their memoised renderings) is shared by the
+rest for as long as the topic's read state is unchanged. Composite ids are
+memoised the same way.
+
 Everything here is synchronous; the asyncio shells live in `topics.http.watch`
 and `topics.http.ws`.
 """
@@ -21,6 +27,7 @@ from __future__ import annotations
 import base64
 import binascii
 import secrets
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +36,7 @@ import orjson
 
 from topics.engine.core import Engine, norm_budget, norm_limit
 from topics.engine.params import boolean, node_set, opt_str, opt_u64, u32, u64
-from topics.engine.topic import Topic
+from topics.engine.topic import ReadResult, Topic
 from topics.errors import TopicsError, bad_request, not_found_topic, throttled
 
 __all__ = [
@@ -46,6 +53,7 @@ __all__ = [
     "SseFrame",
     "WatchRegistry",
     "encode_composite_id",
+    "composite_id_of",
     "decode_composite_id",
     "clamp_heartbeat",
     "render_sse",
@@ -99,6 +107,11 @@ class Event:
 
     `cursor` is the topic cursor after this frame (API §8.4: the tombstone moves it
     to `gap_to`, a record batch to `next_from_seq`).
+
+    Events are immutable and may be shared by every stream that read the same topic
+    from the same cursor with the same options (see :func:`drain_step`), so the
+    renderings are memoised on the event: the `data` JSON, the WebSocket message,
+    and the SSE frame for the last composite id it was rendered with.
     """
 
     kind: str
@@ -112,9 +125,20 @@ class Event:
     gap_from: int = 0
     gap_to: int = 0
     earliest_seq: int = 0
+    _data: bytes | None = field(default=None, init=False, compare=False, repr=False)
+    _ws: bytes | None = field(default=None, init=False, compare=False, repr=False)
+    _sse_id: str | None = field(default=None, init=False, compare=False, repr=False)
+    _sse: bytes = field(default=b"", init=False, compare=False, repr=False)
 
     def data(self) -> bytes:
         """The frame's JSON object (SSE `data:` line; WS message without `op`)."""
+        d = self._data
+        if d is None:
+            d = self._render()
+            object.__setattr__(self, "_data", d)
+        return d
+
+    def _render(self) -> bytes:
         k = self.kind
         if k == RECORD:
             return b"".join(
@@ -161,6 +185,7 @@ class Delivery:
     first_read: bool = True
     pending_caught_up: bool = True
     deleted: bool = False
+    memo: _TopicMemo | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(slots=True)
@@ -197,18 +222,12 @@ def drain_step(
         ev = Event(TOPIC_DELETED, d.name, name_json, cursor, 0)
         return StepResult([ev], cursor, True)
     now = engine.prepare_read(t)
-    r = t.read(
-        cursor,
-        opts.limit,
-        opts.budget,
-        now=now,
-        nodes=opts.nodes,
-        include_tags=opts.include_tags,
-        include_meta=opts.include_meta,
-        include_data=opts.include_data,
-    )
+    memo = d.memo
+    if memo is None:
+        memo = d.memo = _memo_of(t)
+    sh = _read(memo, t, cursor, opts, now)
+    r = sh.r
     events: list[Event] = []
-    cur = cursor
     tomb = r.tombstone
     if tomb is not None:
         reason = "from_seq_too_old" if (relabel_first and d.first_read) else tomb.reason
@@ -228,23 +247,16 @@ def drain_step(
         )
         d.pending_caught_up = True
     d.first_read = False
-    if r.records:
-        events.append(
-            Event(
-                RECORD,
-                t.name,
-                t.name_json,
-                r.next_from_seq,
-                r.head_seq,
-                from_seq=cur,
-                records=tuple(r.records),
-            )
-        )
+    if sh.rec is not None:
+        events.append(sh.rec)
         d.pending_caught_up = True
     cur = r.next_from_seq
     drained = r.caught_up
     if drained and d.pending_caught_up:
-        events.append(Event(CAUGHT_UP, t.name, t.name_json, cur, r.head_seq))
+        cu = sh.cu
+        if cu is None:
+            cu = sh.cu = Event(CAUGHT_UP, t.name, t.name_json, cur, r.head_seq)
+        events.append(cu)
         d.pending_caught_up = False
     if not drained and not r.records and tomb is None and r.next_from_seq == cursor:
         drained = True  # defensive: no progress possible now
@@ -252,15 +264,134 @@ def drain_step(
 
 
 def render_sse(ev: Event, event_id: str | None) -> bytes:
-    """One SSE frame: `id:` (optional), `event:`, one `data:` line, blank line."""
-    head = b"id: %b\n" % event_id.encode() if event_id is not None else b""
-    return b"%bevent: %b\ndata: %b\n\n" % (head, ev.kind.encode(), ev.data())
+    """One SSE frame: `id:` (optional), `event:`, one `data:` line, blank line.
+
+    The frame for the last `event_id` is memoised on the (possibly shared) event.
+    """
+    if event_id is None:
+        return b"event: %b\ndata: %b\n\n" % (ev.kind.encode(), ev.data())
+    if ev._sse_id == event_id:
+        return ev._sse
+    out = b"id: %b\nevent: %b\ndata: %b\n\n" % (event_id.encode(), ev.kind.encode(), ev.data())
+    object.__setattr__(ev, "_sse_id", event_id)
+    object.__setattr__(ev, "_sse", out)
+    return out
 
 
 def render_ws(ev: Event) -> bytes:
-    """One WebSocket message (API §9): `{"op": ..., <frame fields>}`."""
-    data = ev.data()
-    return b'{"op":"' + _WS_OPS[ev.kind] + b'",' + data[1:]
+    """One WebSocket message (API §9): `{"op": ..., <frame fields>}` (memoised)."""
+    msg = ev._ws
+    if msg is None:
+        msg = b'{"op":"' + _WS_OPS[ev.kind] + b'",' + ev.data()[1:]
+        object.__setattr__(ev, "_ws", msg)
+    return msg
+
+
+# ------------------------------------------------------------ shared tail reads
+#
+# Streams parked at the head of a topic all wake on the same publish and read the
+# same few records from the same cursor. The first of them runs the read pipeline;
+# the others reuse its result (and the events built from it, whose renderings are
+# memoised), as long as nothing that can change a read's outcome has changed since.
+
+
+@dataclass(slots=True, eq=False)
+class _Shared:
+    """One read of a topic from `cursor` with `opts`, and the events built from it."""
+
+    cursor: int
+    opts: ReadOpts
+    r: ReadResult
+    rec: Event | None
+    cu: Event | None = None
+
+
+@dataclass(slots=True, eq=False)
+class _TopicMemo:
+    """The shared reads of one topic instance for its current read state."""
+
+    state: tuple[Any, ...] | None = None
+    reads: list[_Shared] = field(default_factory=list)
+
+
+_MEMO: weakref.WeakKeyDictionary[Topic, _TopicMemo] = weakref.WeakKeyDictionary()
+# Bounds on what a topic's memo keeps alive until its next state change (at worst
+# a few hundred KiB per watched topic; a tail read is usually a record or two).
+_MEMO_READS = 4  # distinct (cursor, opts) reads kept per topic state
+_MEMO_RECORDS = 64  # only small reads that reach the head are shared ...
+_MEMO_BYTES = 32_768  # ... and only when their records are this small in total
+
+
+def _read_state(t: Topic, now: int) -> tuple[Any, ...]:
+    """Everything besides (cursor, opts) that a read's outcome depends on.
+
+    Publishes move `head_seq`; deletes and evictions lower `live_count` or move a
+    floor / `base_seq`; a config change replaces `config`; the TTL cutoff depends
+    on `now` only when the topic has a TTL.
+    """
+    cfg = t.config
+    return (
+        t.head_seq,
+        t.live_count,
+        t.l_cap,
+        t.l_ttl,
+        t.l_trim,
+        t.delete_below,
+        t.index.base_seq,
+        cfg,
+        now if cfg.ttl_ms > 0 else 0,
+    )
+
+
+def _memo_of(t: Topic) -> _TopicMemo:
+    memo = _MEMO.get(t)
+    if memo is None:
+        memo = _MEMO[t] = _TopicMemo()
+    return memo
+
+
+def _read(memo: _TopicMemo, t: Topic, cursor: int, opts: ReadOpts, now: int) -> _Shared:
+    """`t.read(cursor, ...)`, shared with every reader of the same state/cursor/opts."""
+    state = _read_state(t, now)
+    if memo.state != state:
+        memo.state = state
+        memo.reads.clear()
+    else:
+        for sh in memo.reads:
+            if sh.cursor == cursor and (sh.opts is opts or sh.opts == opts):
+                return sh
+    r = t.read(
+        cursor,
+        opts.limit,
+        opts.budget,
+        now=now,
+        nodes=opts.nodes,
+        include_tags=opts.include_tags,
+        include_meta=opts.include_meta,
+        include_data=opts.include_data,
+    )
+    rec: Event | None = None
+    recs = r.records
+    if recs:
+        tomb = r.tombstone
+        rec = Event(
+            RECORD,
+            t.name,
+            t.name_json,
+            r.next_from_seq,
+            r.head_seq,
+            from_seq=cursor if tomb is None else tomb.gap_to,
+            records=tuple(recs),
+        )
+    sh = _Shared(cursor, opts, r, rec)
+    if (
+        r.caught_up
+        and len(memo.reads) < _MEMO_READS
+        and len(recs) <= _MEMO_RECORDS
+        and sum(map(len, recs)) <= _MEMO_BYTES
+    ):
+        memo.reads.append(sh)
+    return sh
 
 
 # --------------------------------------------------------------- composite ids
@@ -270,6 +401,28 @@ def encode_composite_id(cursors: dict[str, int]) -> str:
     """base64url (no padding) of the sorted compact JSON `{topic: cursor}` (API §8.4)."""
     raw = orjson.dumps(cursors, option=orjson.OPT_SORT_KEYS)
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+_CID_MEMO: dict[tuple[tuple[str, int], ...], str] = {}
+_CID_MEMO_MAX = 4096  # entries; cleared when full
+_CID_MEMO_TOPICS = 16  # only ids of sessions this small are memoised
+
+
+def composite_id_of(cursors: dict[str, int]) -> str:
+    """:func:`encode_composite_id`, memoised for small cursor maps.
+
+    Many streams on the same topic at the same cursor share one id string.
+    """
+    if len(cursors) > _CID_MEMO_TOPICS:
+        return encode_composite_id(cursors)
+    key = tuple(cursors.items())
+    cid = _CID_MEMO.get(key)
+    if cid is None:
+        cid = encode_composite_id(cursors)
+        if len(_CID_MEMO) >= _CID_MEMO_MAX:
+            _CID_MEMO.clear()
+        _CID_MEMO[key] = cid
+    return cid
 
 
 def decode_composite_id(value: str) -> dict[str, int] | None:
@@ -319,7 +472,7 @@ class WatchSession:
     open_streams: int = 0
 
     def composite_id(self) -> str:
-        return encode_composite_id(self.cursors)
+        return composite_id_of(self.cursors)
 
     def rewind(self, last_event_id: str | None) -> None:
         """Apply a `Last-Event-ID`: per known topic, cursor = min(cursor, id value)."""
@@ -369,6 +522,9 @@ class WatchStream:
         self.deliveries: dict[str, Delivery] = {
             name: Delivery(name, engine.get(name)) for name in sorted(session.cursors)
         }
+        self._cid_key: tuple[tuple[str, int], ...] | None = None
+        self._names: list[str] | None = None  # cached names(); reset when one is deleted
+        self._cid = ""
 
     def topics(self) -> list[Topic]:
         """The live instances this connection listens to."""
@@ -376,11 +532,14 @@ class WatchStream:
 
     def names(self) -> list[str]:
         """Topics still to process, in name order (deleted ones are skipped)."""
-        return [n for n, d in self.deliveries.items() if not d.deleted]
+        names = self._names
+        if names is None:
+            names = self._names = [n for n, d in self.deliveries.items() if not d.deleted]
+        return names
 
     @property
     def all_deleted(self) -> bool:
-        return all(d.deleted for d in self.deliveries.values())
+        return not self.names()
 
     def pass_topic(self, name: str) -> PassResult:
         """One drain step for `name`; advances the session cursor frame by frame."""
@@ -390,9 +549,33 @@ class WatchStream:
         frames: list[SseFrame] = []
         for ev in step.events:
             cursors[name] = ev.cursor
-            frames.append(SseFrame(encode_composite_id(cursors), ev.kind, ev.data()))
+            frames.append(SseFrame(self.composite_id(), ev.kind, ev.data()))
         cursors[name] = step.cursor
+        if d.deleted:
+            self._names = None
         return PassResult(frames, step.drained)
+
+    def pass_sse(self, name: str, out: list[bytes]) -> bool:
+        """:meth:`pass_topic`, appending the frames' wire bytes to `out`; True when drained."""
+        d = self.deliveries[name]
+        cursors = self.session.cursors
+        step = drain_step(self.engine, d, cursors[name], self.session.opts, relabel_first=True)
+        for ev in step.events:
+            cursors[name] = ev.cursor
+            out.append(render_sse(ev, self.composite_id()))
+        cursors[name] = step.cursor
+        if d.deleted:
+            self._names = None
+        return step.drained
+
+    def composite_id(self) -> str:
+        """The composite id of the session's current cursors (cached per stream)."""
+        cursors = self.session.cursors
+        key = tuple(cursors.items())
+        if key != self._cid_key:
+            self._cid = composite_id_of(cursors)
+            self._cid_key = key
+        return self._cid
 
     def shutdown_frame(self) -> SseFrame:
         return SseFrame(self.session.composite_id(), "error", SHUTDOWN_DATA)
@@ -546,7 +729,7 @@ def parse_read_opts(
         limit = norm_limit(raw_limit or 0, max_limit)
     raw_budget = opt_u64(body, "max_batch_bytes")
     budget = default_budget if raw_budget is None else norm_budget(raw_budget)
-    return ReadOpts(
+    opts = ReadOpts(
         nodes=node_set(body),
         limit=limit,
         budget=budget,
@@ -554,3 +737,22 @@ def parse_read_opts(
         include_tags=boolean(body, "include_tags", False),
         include_data=boolean(body, "include_data", True),
     )
+    # Equal options share one instance, so shared tail reads match them by identity.
+    key = (
+        None if opts.nodes is None else tuple(opts.nodes),
+        limit,
+        budget,
+        opts.include_meta,
+        opts.include_tags,
+        opts.include_data,
+    )
+    same = _OPTS.get(key)
+    if same is not None:
+        return same
+    if len(_OPTS) >= 1024:
+        _OPTS.clear()
+    _OPTS[key] = opts
+    return opts
+
+
+_OPTS: dict[tuple[Any, ...], ReadOpts] = {}

@@ -2,15 +2,16 @@
 
 The session state and the per-topic drain step live in :mod:`topics.engine.watch`;
 this module is the asyncio shell: checks, headers, the park/wake loop,
-heartbeats, shutdown and disconnect handling. Every frame goes out as its own
-`http.response.body` message, so the ASGI server flushes it at once and applies
-backpressure per connection (a slow reader only stalls its own stream).
+heartbeats, shutdown and disconnect handling. The frames of one pass over the
+session's topics go out together as one `http.response.body` message (one
+write, flushed at once: nothing is held back waiting for more data); the ASGI
+server applies backpressure per connection (a slow reader only stalls its own
+stream), and a long catch-up is cut into writes of ~64 KiB.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any
 
 from topics.engine.topic import Topic
@@ -20,7 +21,7 @@ from topics.http.app import Ctx
 from topics.http.auth import bearer, token_from_query
 from topics.http.responses import Resp, json_resp
 
-__all__ = ["create_watch", "stream", "SSE_HEADERS"]
+__all__ = ["create_watch", "stream", "SSE_HEADERS", "Waker"]
 
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream"),
@@ -28,6 +29,7 @@ SSE_HEADERS = [
     (b"x-accel-buffering", b"no"),
 ]
 HEARTBEAT = b": hb\n\n"
+FLUSH_BYTES = 65_536  # a catch-up pass is written out in pieces of about this size
 
 
 async def create_watch(ctx: Ctx) -> Resp:
@@ -86,24 +88,45 @@ async def stream(ctx: Ctx) -> None:
 
 
 async def _run(ctx: Ctx, session: WatchSession) -> None:
+    """The stream: drain every topic, send what one pass produced, park until woken.
+
+    Wake-ups come from plain callbacks (topic listeners, the disconnect watcher,
+    shutdown, the heartbeat timer) that resolve a future created per park, so a
+    wake costs one task step: no `asyncio.Event`, no per-park `asyncio.timeout()`.
+    The heartbeat is one `call_later` timer per stream, re-armed only when it
+    fires: if a frame went out since, it just sleeps for the remainder.
+    """
     app = ctx.app
     send = ctx.send
     loop = asyncio.get_running_loop()
     ws = WatchStream(ctx.engine, session)
     heartbeat_s = clamp_heartbeat(session.heartbeat_ms, app.config.test_min_heartbeat_ms) / 1000
-    wake = asyncio.Event()
-    disconnected = asyncio.Event()
     shutting_down = app.shutting_down
+    # Mutable stream state shared with the callbacks below.
+    st = _State(loop)
 
     def on_topic(_t: Topic) -> None:
-        wake.set()
+        st.wake()
+
+    def on_heartbeat() -> None:
+        left = heartbeat_s - (loop.time() - st.last_frame)
+        if left > 0:
+            st.timer = loop.call_later(left, on_heartbeat)
+        else:
+            st.timer = None
+            st.heartbeat_due = True
+            st.wake()
+
+    def on_shutdown(_f: object) -> None:
+        st.stopping = True
+        st.wake()
 
     async def watch_disconnect() -> None:
         while True:
             msg = await ctx.receive()
             if msg["type"] == "http.disconnect":
-                disconnected.set()
-                wake.set()
+                st.disconnected = True
+                st.wake()
                 return
 
     listening: list[Topic] = ws.topics()
@@ -111,56 +134,130 @@ async def _run(ctx: Ctx, session: WatchSession) -> None:
         t.listeners.add(on_topic)
     tasks: list[asyncio.Task[Any]] = [asyncio.create_task(watch_disconnect())]
     if shutting_down is not None:
-        sd = asyncio.create_task(shutting_down.wait())
-        sd.add_done_callback(lambda _f: wake.set())
-        tasks.append(sd)
-
-    def stopping() -> bool:
-        return shutting_down is not None and shutting_down.is_set()
-
-    async def out(body: bytes) -> None:
-        await send({"type": "http.response.body", "body": body, "more_body": True})
+        if shutting_down.is_set():
+            st.stopping = True
+        else:
+            sd = asyncio.create_task(shutting_down.wait())
+            sd.add_done_callback(on_shutdown)
+            tasks.append(sd)
 
     try:
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-        await out(b"retry: 2000\n\n")
-        last_frame = loop.time()
-        while not disconnected.is_set():
-            wake.clear()
-            if stopping():
-                await out(ws.shutdown_frame().to_bytes())
+        await send({"type": "http.response.body", "body": b"retry: 2000\n\n", "more_body": True})
+        st.last_frame = loop.time()
+        st.timer = loop.call_later(heartbeat_s, on_heartbeat)
+        while not st.disconnected:
+            st.waker.clear()
+            if st.stopping:
+                await _body(send, ws.shutdown_frame().to_bytes())
                 break
+            # One pass over every topic. The frames it produces go out together in
+            # one write (flushed, not held back for more data); a long catch-up is
+            # cut into writes of about FLUSH_BYTES so backpressure still applies.
+            buf: list[bytes] = []
+            size = 0
             for name in ws.names():
-                while not disconnected.is_set() and not stopping():
-                    res = ws.pass_topic(name)
-                    for fr in res.frames:
-                        await out(fr.to_bytes())
-                    if res.frames:
-                        last_frame = loop.time()
-                    if res.drained:
+                while True:
+                    n = len(buf)
+                    drained = ws.pass_sse(name, buf)
+                    for i in range(n, len(buf)):
+                        size += len(buf[i])
+                    if size >= FLUSH_BYTES:
+                        await _body(send, b"".join(buf))
+                        st.last_frame = loop.time()
+                        buf.clear()
+                        size = 0
+                        if st.disconnected or st.stopping:
+                            break
+                    if drained:
                         break
-                if disconnected.is_set() or stopping():
+                if st.disconnected or st.stopping:
                     break
-            if disconnected.is_set():
+            if buf and not st.disconnected:
+                await _body(send, b"".join(buf) if len(buf) > 1 else buf[0])
+                st.last_frame = loop.time()
+            if st.disconnected:
                 break
-            if stopping():
+            if st.stopping:
                 continue  # the shutdown frame is sent at the top of the loop
             if ws.all_deleted:
                 break
-            timeout = heartbeat_s - (loop.time() - last_frame)
-            if timeout > 0 and not wake.is_set():
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(timeout):
-                        await wake.wait()
-            if not wake.is_set() and loop.time() - last_frame >= heartbeat_s:
-                await out(HEARTBEAT)
-                last_frame = loop.time()
-        if not disconnected.is_set():
+            if st.heartbeat_due:
+                st.heartbeat_due = False
+                if loop.time() - st.last_frame >= heartbeat_s:
+                    await _body(send, HEARTBEAT)
+                    st.last_frame = loop.time()
+                st.timer = loop.call_later(
+                    max(heartbeat_s - (loop.time() - st.last_frame), 0), on_heartbeat
+                )
+                continue
+            await st.waker.wait()
+        if not st.disconnected:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
     except OSError:
         pass  # the peer went away mid-write
     finally:
+        if st.timer is not None:
+            st.timer.cancel()
         for t in listening:
             t.listeners.discard(on_topic)
         for task in tasks:
             task.cancel()
+
+
+class Waker:
+    """A cheap single-waiter event for a loop that only one task parks on.
+
+    :meth:`set` is called from plain callbacks (topic listeners, timers); :meth:`wait`
+    creates a future only when it actually has to park. Unlike `asyncio.Event` it
+    never looks the running loop up (on Python 3.11 that is a `getpid()` syscall).
+    """
+
+    __slots__ = ("_loop", "_set", "_fut")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._set = False
+        self._fut: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        self._set = True
+        fut = self._fut
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    def clear(self) -> None:
+        self._set = False
+
+    def is_set(self) -> bool:
+        return self._set
+
+    async def wait(self) -> None:
+        if self._set:
+            return
+        self._fut = fut = self._loop.create_future()
+        try:
+            await fut
+        finally:
+            self._fut = None
+
+
+class _State:
+    """What the wake-up callbacks of one stream share with its loop."""
+
+    __slots__ = ("waker", "last_frame", "disconnected", "stopping", "heartbeat_due", "timer")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.waker = Waker(loop)
+        self.last_frame = loop.time()
+        self.disconnected = False
+        self.stopping = False
+        self.heartbeat_due = False
+        self.timer: asyncio.TimerHandle | None = None
+
+    def wake(self) -> None:
+        self.waker.set()
+
+
+async def _body(send: Any, body: bytes) -> None:
+    await send({"type": "http.response.body", "body": body, "more_body": True})

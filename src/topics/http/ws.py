@@ -37,6 +37,7 @@ from topics.errors import TopicsError
 from topics.http.app import Ctx
 from topics.http.responses import perf
 from topics.http.topics import wait_published
+from topics.http.watch import Waker
 
 __all__ = ["websocket", "Outbox", "OUTBOX_SLOTS"]
 
@@ -69,7 +70,7 @@ class Outbox:
         self._send = send
         self._sem = asyncio.Semaphore(slots)
         self._q: deque[bytes] = deque()
-        self._ready = asyncio.Event()
+        self._ready = Waker(asyncio.get_running_loop())
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -95,14 +96,16 @@ class Outbox:
         await self._idle.wait()
 
     async def run(self) -> None:
+        q = self._q
+        send = self._send
         while True:
-            while not self._q:
+            while not q:
                 self._idle.set()
                 self._ready.clear()
                 await self._ready.wait()
-            msg = self._q.popleft()
+            msg = q.popleft()
             try:
-                await self._send({"type": "websocket.send", "text": msg.decode()})
+                await send({"type": "websocket.send", "text": msg.decode()})
             finally:
                 self._sem.release()
 
@@ -132,7 +135,7 @@ class Connection:
         self.principal = ctx.principal
         self.outbox = Outbox(ctx.send)
         self.subs: dict[str, Subscription] = {}
-        self.wake = asyncio.Event()
+        self.wake = Waker(asyncio.get_running_loop())
 
     def on_topic(self, _t: Topic) -> None:
         self.wake.set()
