@@ -16,10 +16,9 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-import uvicorn
 from tests.support.harness import Harness, assert_error
+from tests.support.live import live_app
 
-from topics.config import load_config
 from topics.http.app import TopicsApp
 
 T0 = 1767225600000  # TestClock start
@@ -598,30 +597,9 @@ Env = dict[str, str]
 
 @contextlib.asynccontextmanager
 async def serve(env: Env | None = None) -> AsyncIterator[tuple[TopicsApp, httpx.AsyncClient]]:
-    """Run the real app on 127.0.0.1:<ephemeral> in this loop; yield it and a client."""
-    app = TopicsApp(load_config(env or {}))
-    cfg = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=0,
-        lifespan="on",
-        log_level="warning",
-        timeout_graceful_shutdown=2,
-    )
-    server = uvicorn.Server(cfg)
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10)
-    try:
-        yield app, client
-    finally:
-        await client.aclose()
-        server.should_exit = True
-        await task
+    """The real app on 127.0.0.1:<ephemeral> in this loop; yields it and a client."""
+    async with live_app(env) as srv:
+        yield srv.app, srv.http
 
 
 def run(fn: Callable[[], Awaitable[None]], caplog: pytest.LogCaptureFixture) -> None:

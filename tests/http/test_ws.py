@@ -7,56 +7,25 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import httpx
 import orjson
 import pytest
-import uvicorn
-from websockets.asyncio.client import ClientConnection, connect
+from tests.support.live import LiveServer, live_app
+from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from topics.config import load_config
-from topics.http.app import TopicsApp
 from topics.http.ws import OUTBOX_SLOTS, Outbox
 
 Env = dict[str, str]
 
 
-class Srv:
-    def __init__(self, app: TopicsApp, port: int) -> None:
-        self.app = app
-        self.port = port
-        self.http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10)
-
-    def ws(self, token: str | None = None, query: str = "") -> Any:
-        headers = {"authorization": f"Bearer {token}"} if token else None
-        return connect(f"ws://127.0.0.1:{self.port}/v0/ws{query}", additional_headers=headers)
+Srv = LiveServer
 
 
 @contextlib.asynccontextmanager
 async def serve(env: Env | None = None) -> AsyncIterator[Srv]:
-    """Run the real app on 127.0.0.1:<ephemeral> in this loop."""
-    app = TopicsApp(load_config(env or {}))
-    cfg = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=0,
-        lifespan="on",
-        log_level="warning",
-        timeout_graceful_shutdown=2,
-    )
-    server = uvicorn.Server(cfg)
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.01)
-    srv = Srv(app, server.servers[0].sockets[0].getsockname()[1])
-    try:
+    """The real app on 127.0.0.1:<ephemeral> in this loop."""
+    async with live_app(env) as srv:
         yield srv
-    finally:
-        await srv.http.aclose()
-        server.should_exit = True
-        await task
 
 
 def run(fn: Callable[[], Awaitable[None]]) -> None:
