@@ -401,3 +401,19 @@ def test_u32_fields_reject_out_of_range(h: Harness) -> None:
     for body in ({"limit": 2**32}, {"wait_ms": 2**32}, {"limit": -1}):
         assert_error(h.post("/v0/topics/u/diff", body), 400, "invalid_request")
     assert h.diff("u", limit=2**32 - 1)["records"]
+
+
+def test_failed_commit_is_500_and_publishes_nothing(h: Harness) -> None:
+    from topics.engine.journal import MemoryJournal
+
+    class FailingJournal(MemoryJournal):
+        def submit_write(self, pw):  # type: ignore[no-untyped-def]
+            pw.topic.complete(pw, False)
+
+    h.write("f", 1)
+    h.engine.journal = FailingJournal()
+    assert_error(h.post("/v0/topics/f", {"records": [{"data": 2}]}), 500, "internal")
+    h.engine.journal = MemoryJournal()
+    d = h.diff("f")
+    assert [x["data"] for x in d["records"]] == [1] and d["tombstone"] is None
+    assert h.write("f", 3)["seqs"] == [3]  # the failed seq stays a silent hole
