@@ -32,10 +32,43 @@ def _write_port_file(path: str, host: str, port: int) -> None:
 
 
 async def _serve(cfg: ServerConfig) -> int:
+    from topics.clock import SystemClock
+    from topics.engine.core import Engine
     from topics.http.app import TopicsApp
     from topics.http.server import start_server
+    from topics.storage.fs import RealFs
+    from topics.storage.journal import WalJournal
+    from topics.storage.lock import DataDirLock, DataDirLocked
+    from topics.storage.recovery import recover
 
-    app = TopicsApp(cfg)
+    try:
+        lock = DataDirLock(cfg.data_dir)
+    except DataDirLocked as exc:
+        log.error("%s", exc)
+        return 1
+    fs = RealFs()
+    clock = SystemClock()
+    engine = Engine(clock=clock, limits=cfg.limits, fs=fs)
+    app = TopicsApp(cfg, clock=clock, engine=engine)
+    shards, report = recover(engine, fs, cfg.data_dir, cfg.wal_shards)
+    log.info(
+        "recovered %d topics, %d records from %d WAL frames in %d shard(s) in %.3f s%s",
+        report.topics,
+        report.records,
+        report.frames,
+        report.shards,
+        report.seconds,
+        f"; torn tails truncated: {report.torn}" if report.torn else "",
+    )
+    journal = WalJournal(shards, asyncio.get_running_loop(), reserved=report.reserved)
+    journal.topic_ids = lambda n: engine.topics[n].topic_id if n in engine.topics else 0
+    engine.journal = journal
+
+    async def close_storage(_app: TopicsApp) -> None:
+        journal.close()
+        lock.release()
+
+    app.hooks_shutdown.append(close_storage)
     handle = await start_server(app, cfg.host, cfg.port)
     log.info(
         "topics %s listening on http://%s:%d (data dir %s)",

@@ -29,7 +29,8 @@ class ServerProcess:
             }
         )
         full_env.update(env or {})
-        self._log = open(self.log_path, "wb")
+        self.port_file.unlink(missing_ok=True)  # a restart must not read the old port
+        self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "topics", "serve"],
             env=full_env,

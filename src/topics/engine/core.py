@@ -40,6 +40,7 @@ from topics.engine.topic_config import TopicConfig, parse_topic_config
 from topics.errors import TopicsError, bad_request, not_found_topic, throttled
 
 if TYPE_CHECKING:
+    from topics.engine.params import Predicate
     from topics.engine.queues import Queues
     from topics.engine.routers import RouterSet
     from topics.storage.fs import Fs
@@ -170,7 +171,12 @@ class Engine:
         if cap and len(self.topics) >= cap:
             raise throttled("max_topics", cap)
         t = Topic(name, self.next_topic_id, cfg, self.clock.now_ms(), self.totals, self.nodes)
+        t.on_floor_advance = self._floor_advanced
         return t
+
+    def _floor_advanced(self, t: Topic) -> None:
+        if t.alive and self.topics.get(t.name) is t:
+            self.journal.evict_watermark(t)
 
     def _register(self, t: Topic) -> None:
         self.next_topic_id = max(self.next_topic_id, t.topic_id + 1)
@@ -395,7 +401,13 @@ class Engine:
         if key is not None:
             t.dedupe_pending[key] = pw
         pw.waiters.append(lambda: self._after_publish(pw))
-        self.journal.submit_write(pw)
+        try:
+            self.journal.submit_write(pw)
+        except BaseException:
+            t.unstage(pw)
+            if key is not None:
+                t.dedupe_pending.pop(key, None)
+            raise
         return pw
 
     def admit(self, t: Topic, records: list[NewRecord]) -> None:
@@ -569,8 +581,25 @@ class Engine:
         self.drain_into(t)
         t.apply_retention(self.clock.now_ms())
         bound = t.head_seq + 1
-        b = bound if before is None else min(before, bound)
         self.journal.records_deleted(t, before, pred, bound)
+        deleted = self.apply_delete(t, before, pred, bound)
+        return {
+            "topic": t.name,
+            "deleted": deleted,
+            "earliest_seq": t.earliest_seq,
+            "head_seq": t.head_seq,
+            "count": t.live_count,
+            "bytes": t.live_bytes,
+        }
+
+    def apply_delete(self, t: Topic, before: int | None, pred: Predicate | None, bound: int) -> int:
+        """Apply a (logged) record delete with its point-in-time `bound` (SEMANTICS §8).
+
+        `match` victims are live tagged seqs below `min(before_seq, bound)`; a
+        `before_seq`-only delete removes every live seq below it and raises
+        `delete_below`. Returns how many records were deleted.
+        """
+        b = bound if before is None else min(before, bound)
         if pred is not None:
             kind, value = pred
             victims = t.tags.eq(value, b) if kind == "eq" else t.tags.prefix(value, b)
@@ -580,14 +609,7 @@ class Engine:
             t.delete_below = max(t.delete_below, b)
         if deleted:
             t.notify()
-        return {
-            "topic": t.name,
-            "deleted": deleted,
-            "earliest_seq": t.earliest_seq,
-            "head_seq": t.head_seq,
-            "count": t.live_count,
-            "bytes": t.live_bytes,
-        }
+        return deleted
 
     # Kept for callers written against the earlier private name.
     _admit = admit

@@ -47,6 +47,10 @@ class Journal(Protocol):
 
     def router_deleted(self, r: Router) -> None: ...
 
+    def evict_watermark(self, t: Topic) -> None:
+        """The topic's involuntary floors (`l_cap`, `l_ttl`, `l_trim`) advanced."""
+        ...
+
     def lease_event(
         self,
         t: Topic,
@@ -88,6 +92,9 @@ class MemoryJournal:
         pass
 
     def router_deleted(self, r: Router) -> None:
+        pass
+
+    def evict_watermark(self, t: Topic) -> None:
         pass
 
     def lease_event(

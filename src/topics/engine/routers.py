@@ -266,6 +266,31 @@ class RouterSet:
         if r.source not in self._by_source:
             self._dirty.discard(r.source)
 
+    def restore(self, state: dict[str, Any]) -> Router:
+        """Reinstall a router from its logged state (recovery; no checks, no logging)."""
+        filt = state.get("filter")
+        r = Router(
+            name=state["name"],
+            source=state["source"],
+            dest=state["dest"],
+            preserve_node=bool(state.get("preserve_node", True)),
+            preserve_tag=bool(state.get("preserve_tag", True)),
+            filter=(str(filt[0]), str(filt[1])) if filt else None,
+            allow_cycle=bool(state.get("allow_cycle", False)),
+            guarantee=str(state.get("guarantee", "at_least_once")),
+            cursor=int(state.get("cursor", 0)),
+            forwarded_total=int(state.get("forwarded_total", 0)),
+            dest_base=int(state.get("dest_base", 0)),
+            order=self._next_order,
+        )
+        self._next_order += 1
+        old = self._routers.get(r.name)
+        if old is not None:
+            self._unindex(old)
+        self._index(r)
+        self._dirty.add(r.source)
+        return r
+
     def _journal(self, hook: str, r: Router) -> None:
         """Durable log of a router definition change, when the journal supports it."""
         fn = getattr(self.engine.journal, hook, None)
@@ -724,3 +749,26 @@ class RouterSet:
                 break
         self._dirty = {r.source for r in self._routers.values() if self._pending(r)}
         return total
+
+
+def router_wire_state(r: Router, topic_id: Callable[[str], int]) -> dict[str, Any]:
+    """Everything needed to restore a router after a restart (RouterCreate frame body).
+
+    `topic_id(name)` gives the live instance id of a topic, so recovery can drop a
+    router whose source or dest instance was deleted later.
+    """
+    return {
+        "name": r.name,
+        "source": r.source,
+        "dest": r.dest,
+        "source_id": topic_id(r.source),
+        "dest_id": topic_id(r.dest),
+        "preserve_node": r.preserve_node,
+        "preserve_tag": r.preserve_tag,
+        "filter": list(r.filter) if r.filter is not None else None,
+        "allow_cycle": r.allow_cycle,
+        "guarantee": r.guarantee,
+        "cursor": r.cursor,
+        "dest_base": r.dest_base,
+        "forwarded_total": r.forwarded_total,
+    }

@@ -189,6 +189,8 @@ class Topic:
         self.router_keys: dict[str, int] = {}
         self.queue: Any = None  # QueueState for queue topics (engine.queues)
         self.alive = True
+        # Called when an involuntary floor advances, so it can be logged (EvictWatermark).
+        self.on_floor_advance: Callable[[Topic], None] | None = None
         self._totals = totals
         self._nodes = nodes
 
@@ -282,6 +284,8 @@ class Topic:
                 moved = True
             self._evict_to(max(self.l_cap, self.l_ttl, self.l_trim))
         self._reclaim_front()
+        if moved and self.on_floor_advance is not None:
+            self.on_floor_advance(self)
         return moved
 
     def _evict_to(self, floor: int) -> None:
@@ -436,6 +440,46 @@ class Topic:
         self._append_holes(n, max(ts, self.last_ts))
         self.last_ts = max(ts, self.last_ts)
 
+    def unstage(self, pw: PendingWrite) -> None:
+        """Withdraw a staged batch the journal refused before logging anything.
+
+        The tail batch gives its seqs back; one with later batches behind it becomes
+        holes (seqs are never reused once a later batch holds higher ones).
+        """
+        if self.pending and self.pending[-1] is pw:
+            self.pending.pop()
+            self.next_seq = pw.first_seq
+            self.pending_count -= len(pw.records)
+            self.pending_bytes -= sum(r.nbytes for r in pw.records)
+        else:
+            self.complete(pw, False)
+
+    def restore(self, first_seq: int, ts: int, records: list[NewRecord]) -> None:
+        """Publish recovered records at their logged seqs and ts (WAL replay).
+
+        Seqs at or below the head are skipped (already applied); a jump past the
+        head is padded with deleted holes (silent gaps, SEMANTICS §18).
+        """
+        skip = self.head_seq + 1 - first_seq
+        if skip > 0:
+            records = records[skip:]
+            first_seq += skip
+        if not records:
+            return
+        gap = first_seq - self.head_seq - 1
+        if gap > 0:
+            self._append_holes(gap, ts)
+        self.next_seq = first_seq
+        self.last_ts = max(self.last_ts, ts)
+        pw = self.stage(records, ts, None)
+        pw.ts = ts
+        self.complete(pw, True)
+
+    def reserve_head(self, head: int, ts: int) -> None:
+        """Raise the head to a durable reservation, padding with holes (disk class)."""
+        if head > self.head_seq and not self.pending:
+            self.append_holes(head - self.head_seq, ts)
+
     def source_trim(self, n: int, ts: int) -> None:
         """Record `n` seqs a router could not derive (its source lost them).
 
@@ -448,6 +492,8 @@ class Topic:
         self.append_holes(n, ts)
         self.l_trim = max(self.l_trim, self.head_seq)
         self._evict_to(self.l_trim)
+        if self.on_floor_advance is not None:
+            self.on_floor_advance(self)
 
     # ------------------------------------------------------------- read path
 

@@ -1,0 +1,748 @@
+"""fsck for a data directory: WAL shards, segments and snapshots (docs/FORMATS.md).
+
+:func:`check` reads every durable file under a data dir through an injected
+:class:`~topics.storage.fs.Fs` and returns a :class:`CheckReport`: counts plus a
+list of :class:`Problem` values. It never writes, never repairs and never raises
+on bad bytes (only on a missing data dir); an unreadable file is itself a
+problem. Layout checked (seed "On-disk layout")::
+
+    <data>/wal/wal-*.log                 one shard (flat layout), or
+    <data>/wal/shard-NN/wal-*.log        one dir per shard
+    <data>/topics/<topic_id %016x>/seg-<first_seq %016d>.{data,idx}
+    <data>/meta/snapshot.NNNN.bin
+
+Each problem has a :attr:`Problem.severity`:
+
+* ``corrupt`` -- bytes that the format or the crash contract says cannot be
+  there: mid-log WAL damage (valid frames after the logical end of a shard),
+  a bad frame or index entry in a sealed segment, an invalid snapshot, no valid
+  snapshot at all. :attr:`CheckReport.ok` is False when any exists.
+* ``warning`` -- a legal crash leftover that needs cleanup or a suspicious but
+  recoverable state (a stray segment half, a WAL Append seq that goes back).
+* ``info`` -- expected after a crash and handled by recovery: the torn tail of
+  a WAL shard or of a topic's newest (possibly active) segment, `.tmp` files,
+  WAL files after the end of the log with nothing valid in them.
+
+**Mid-log damage.** Recovery ends a shard at the first invalid frame (a torn
+tail) and drops everything after it. fsck additionally resynchronises: from the
+first byte after the logical end it searches forward for offsets where a whole,
+checksum-valid frame decodes, then scans on from there, repeatedly, and does the
+same in every WAL file after the end file. Any frame found that way means the
+damage was not a tail: it is reported as ``mid_log_damage`` and the frames are
+counted in :attr:`CheckReport.lost_frames` (recovery would drop them).
+
+**Active segments.** Only the active segment may have a torn tail, and fsck
+cannot tell it from a sealed one on disk, so by default the newest segment of
+each topic is treated as possibly active: a damaged *suffix* there (a partial
+trailing `.idx` entry, entries past `.data`, bad trailing frames, unindexed
+`.data` bytes) is ``segment_torn_tail`` (info), exactly what
+:meth:`~topics.storage.segment.SegmentWriter.resume` cuts. Damage followed by
+good entries is corrupt even there. `all_sealed=True` treats every segment as
+sealed.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+from topics.engine.index import DELETED, IDX_ENTRY_DTYPE
+from topics.storage.frame import (
+    APPEND,
+    FRAME_TYPES,
+    MIN_FRAME_LEN,
+    MIN_FRAME_SIZE,
+    SEG_MIN_FRAME_SIZE,
+    TOPIC_CREATE,
+    TOPIC_DELETE,
+    Frame,
+    FrameError,
+    Torn,
+    decode_frame,
+    decode_segment_frame,
+    scan,
+)
+from topics.storage.fs import Fs
+from topics.storage.segment import IDX_ENTRY_SIZE, SegmentPaths, scan_segments
+from topics.storage.snapshot import SnapshotInvalid, decode_snapshot, list_snapshots
+
+__all__ = [
+    "INFO",
+    "WARNING",
+    "CORRUPT",
+    "SEVERITY",
+    "Problem",
+    "CheckReport",
+    "Progress",
+    "check",
+    "list_shards",
+    "list_topic_dirs",
+    "list_wal_files",
+    "read_file",
+]
+
+INFO = "info"
+WARNING = "warning"
+CORRUPT = "corrupt"
+
+#: Severity of every problem kind fsck reports.
+SEVERITY: dict[str, str] = {
+    # WAL
+    "torn_tail": INFO,  # the shard ends on a torn frame; recovery truncates it
+    "mid_log_damage": CORRUPT,  # valid frames after the logical end of a shard
+    "wal_orphan_file": INFO,  # a file after the end of the log with no valid frame
+    "wal_bad_name": CORRUPT,  # a wal-*.log name recovery cannot parse
+    "wal_layout_mixed": WARNING,  # flat wal/*.log files next to shard-NN dirs
+    "wal_current": INFO,  # CURRENT missing or not naming the newest file
+    "wal_bad_payload": CORRUPT,  # checksum-valid frame whose payload does not decode
+    "wal_seq_regress": WARNING,  # an Append seq not above the topic's previous one
+    # segments
+    "segment_torn_tail": INFO,  # damaged suffix of a topic's newest segment
+    "segment_stray": WARNING,  # `.data` without `.idx` or the reverse
+    "segment_overlap": CORRUPT,  # seq ranges of two segments overlap
+    "idx_size": CORRUPT,  # sealed `.idx` not a multiple of 20 bytes
+    "idx_entry": CORRUPT,  # entry offset/len not contiguous or outside `.data`
+    "idx_mismatch": CORRUPT,  # entry len/ts/flags disagree with the frame
+    "segment_frame": CORRUPT,  # frame does not decode (checksum, lengths, ...)
+    "segment_seq": CORRUPT,  # frame carries another seq than its entry
+    "segment_topic": CORRUPT,  # frame carries another topic id than its dir
+    "segment_payload": CORRUPT,  # frame payload is not JSON
+    "data_trailing": CORRUPT,  # sealed `.data` bytes no entry points at
+    "more_problems": CORRUPT,  # the per-file problem cap was hit
+    # snapshots
+    "snapshot_invalid": CORRUPT,
+    "no_valid_snapshot": CORRUPT,
+    # anywhere
+    "tmp_leftover": INFO,
+    "unknown_entry": INFO,
+    "topic_dir_deleted": INFO,
+    "unreadable": CORRUPT,  # an I/O error reading a file or dir
+}
+
+#: Problems reported per file before the rest are summarised in one `more_problems`.
+MAX_PER_FILE = 20
+
+Progress = Callable[[int, int], None]
+"""`progress(done, total)`: files checked so far out of all files to check."""
+
+_SHARD_RE = re.compile(r"^shard-(\d+)$")
+_TOPIC_RE = re.compile(r"^[0-9a-f]{16}$")
+_SCAN_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One finding: `kind` (a :data:`SEVERITY` key), the file, where, and why.
+
+    `offset` is a byte offset inside `path` (WAL frames, segment `.data`),
+    `seq` the record seq involved (segment entries, WAL Appends), either may be
+    None.
+    """
+
+    kind: str
+    path: str
+    detail: str
+    offset: int | None = None
+    seq: int | None = None
+
+    @property
+    def severity(self) -> str:
+        return SEVERITY.get(self.kind, CORRUPT)
+
+    @property
+    def corrupt(self) -> bool:
+        return self.severity == CORRUPT
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "severity": self.severity,
+            "path": self.path,
+            "offset": self.offset,
+            "seq": self.seq,
+            "detail": self.detail,
+        }
+
+    def __str__(self) -> str:
+        where = []
+        if self.offset is not None:
+            where.append(f"offset {self.offset}")
+        if self.seq is not None:
+            where.append(f"seq {self.seq}")
+        at = f" ({', '.join(where)})" if where else ""
+        return f"{self.severity.upper()} {self.kind} {self.path}{at}: {self.detail}"
+
+
+@dataclass
+class CheckReport:
+    """What :func:`check` found. :attr:`ok` is True when nothing is corrupt."""
+
+    data_dir: str
+    problems: list[Problem] = field(default_factory=list)
+    # WAL
+    shards: int = 0
+    wal_files: int = 0
+    frames: int = 0  # valid frames in the logical logs
+    torn_tails: int = 0
+    mid_log_damage: int = 0  # damaged points with valid frames after them
+    lost_frames: int = 0  # valid frames after the logical end (recovery drops them)
+    # segments
+    topics: int = 0
+    segments: int = 0
+    records: int = 0  # `.idx` entries
+    deleted_records: int = 0  # entries flagged 0xD5
+    # snapshots
+    snapshots: int = 0
+    valid_snapshots: int = 0
+    files_checked: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not any(p.corrupt for p in self.problems)
+
+    @property
+    def corruption(self) -> list[Problem]:
+        return [p for p in self.problems if p.corrupt]
+
+    def by_kind(self, kind: str) -> list[Problem]:
+        return [p for p in self.problems if p.kind == kind]
+
+    def count(self, severity: str) -> int:
+        return sum(1 for p in self.problems if p.severity == severity)
+
+    def add(self, kind: str, path: str, detail: str, **where: int | None) -> None:
+        self.problems.append(Problem(kind, path, detail, where.get("offset"), where.get("seq")))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "data_dir": self.data_dir,
+            "ok": self.ok,
+            "shards": self.shards,
+            "wal_files": self.wal_files,
+            "frames": self.frames,
+            "torn_tails": self.torn_tails,
+            "mid_log_damage": self.mid_log_damage,
+            "lost_frames": self.lost_frames,
+            "topics": self.topics,
+            "segments": self.segments,
+            "records": self.records,
+            "deleted_records": self.deleted_records,
+            "snapshots": self.snapshots,
+            "valid_snapshots": self.valid_snapshots,
+            "files_checked": self.files_checked,
+            "problems": [p.as_dict() for p in self.problems],
+        }
+
+
+# -- discovery -------------------------------------------------------------------
+
+
+def read_file(fs: Fs, path: str) -> bytes:
+    """The whole file at `path` (raises OSError)."""
+    f = fs.open(path)
+    try:
+        return f.pread(f.size(), 0)
+    finally:
+        f.close()
+
+
+def _listdir(fs: Fs, path: str) -> list[str]:
+    if not fs.exists(path):
+        return []
+    return sorted(fs.listdir(path))
+
+
+def list_wal_files(fs: Fs, shard_dir: str) -> list[str]:
+    """`wal-*.log` names of a shard, sorted (the same selection as recovery)."""
+    return sorted(n for n in _listdir(fs, shard_dir) if n.startswith("wal-") and n.endswith(".log"))
+
+
+def list_shards(fs: Fs, data_dir: str) -> list[tuple[str, str]]:
+    """`(label, dir)` of every WAL shard: `("wal", <data>/wal)` for the flat
+    layout (when it holds `wal-*.log` files) and `("shard-NN", <data>/wal/shard-NN)`.
+
+    Raises OSError when `<data>/wal` exists but cannot be listed.
+    """
+    wal = posixpath.join(data_dir, "wal")
+    names = _listdir(fs, wal)
+    out: list[tuple[str, str]] = []
+    if any(n.startswith("wal-") and n.endswith(".log") for n in names):
+        out.append(("wal", wal))
+    shards = sorted((int(m.group(1)), n) for n in names if (m := _SHARD_RE.match(n)))
+    out.extend((n, posixpath.join(wal, n)) for _, n in shards)
+    return out
+
+
+def list_topic_dirs(fs: Fs, root: str) -> list[tuple[int, str]]:
+    """`(topic_id, dir)` of every `<root>/topics/<16 hex>` directory, by id."""
+    base = posixpath.join(root, "topics")
+    return [(int(n, 16), posixpath.join(base, n)) for n in _listdir(fs, base) if _TOPIC_RE.match(n)]
+
+
+def _first_index(name: str) -> int | None:
+    try:
+        return int(name[4:-4])
+    except ValueError:
+        return None
+
+
+# -- WAL -------------------------------------------------------------------------
+
+
+def _find_frame(buf: bytes, start: int) -> Frame | None:
+    """The first whole valid WAL frame starting at or after `start`, or None.
+
+    A vectorised prefilter (type byte known, `frame_len` in range) keeps the
+    number of full decodes small; trailing zero bytes are skipped outright.
+    """
+    n = len(buf)
+    stop = len(buf.rstrip(b"\0"))  # no frame starts in the zeroed tail
+    last_start = min(stop, n - MIN_FRAME_SIZE + 1)
+    if start >= last_start:
+        return None
+    a = np.frombuffer(buf, np.uint8)
+    top = max(FRAME_TYPES)
+    p = start
+    while p < last_start:
+        hi = min(last_start, p + _SCAN_CHUNK)
+        flen = (
+            a[p:hi].astype(np.uint32)
+            | (a[p + 1 : hi + 1].astype(np.uint32) << 8)
+            | (a[p + 2 : hi + 2].astype(np.uint32) << 16)
+            | (a[p + 3 : hi + 3].astype(np.uint32) << 24)
+        ).astype(np.int64)
+        typ = a[p + 4 : hi + 4]
+        room = n - 4 - np.arange(p, hi, dtype=np.int64)
+        mask = (typ >= 1) & (typ <= top) & (flen >= MIN_FRAME_LEN) & (flen <= room)
+        for c in np.flatnonzero(mask).tolist():
+            r = decode_frame(buf, p + c)
+            if isinstance(r, Frame):
+                return r
+        p = hi
+    return None
+
+
+def _frames_after(buf: bytes, start: int) -> list[Frame]:
+    """Every valid frame after the non-frame at `start`, resynchronising past damage."""
+    out: list[Frame] = []
+    pos = start
+    while True:
+        fr = _find_frame(buf, pos)
+        if fr is None:
+            return out
+        res = scan(buf, fr.offset)
+        out.extend(res.frames)
+        pos = res.end_offset + 1
+
+
+def _seq_span(frames: Sequence[Frame]) -> str:
+    seqs = [f.seq for f in frames if f.type == APPEND]
+    if not seqs:
+        return "no Append frames"
+    return f"Append seqs {min(seqs)}..{max(seqs)}"
+
+
+class _ShardChecker:
+    def __init__(self, fs: Fs, report: CheckReport, tick: Callable[[], None]) -> None:
+        self.fs = fs
+        self.report = report
+        self.tick = tick
+        self.last_seq: dict[int, int] = {}
+
+    def frame_content(self, path: str, fr: Frame) -> None:
+        r = self.report
+        if fr.type == APPEND:
+            try:
+                orjson.loads(fr.data)
+                meta = fr.meta
+                if meta is not None:
+                    orjson.loads(meta)
+            except (orjson.JSONDecodeError, FrameError) as e:
+                r.add("wal_bad_payload", path, f"Append payload is not JSON: {e}", offset=fr.offset)
+            prev = self.last_seq.get(fr.topic_id)
+            if prev is not None and fr.seq <= prev:
+                r.add(
+                    "wal_seq_regress",
+                    path,
+                    f"topic {fr.topic_id:016x}: Append seq {fr.seq} after seq {prev}",
+                    offset=fr.offset,
+                    seq=fr.seq,
+                )
+            self.last_seq[fr.topic_id] = fr.seq
+            return
+        try:
+            fr.control()
+        except FrameError as e:
+            r.add("wal_bad_payload", path, str(e), offset=fr.offset)
+        if fr.type in (TOPIC_CREATE, TOPIC_DELETE):
+            self.last_seq.pop(fr.topic_id, None)
+
+    def check(self, d: str, files: list[str]) -> None:
+        r = self.report
+        fs = self.fs
+        r.shards += 1
+        self.last_seq = {}
+        ended = False
+        for i, name in enumerate(files):
+            path = posixpath.join(d, name)
+            first = _first_index(name)
+            if first is None:
+                r.add("wal_bad_name", path, "cannot parse the frame index in the file name")
+                ended = True
+                self.tick()
+                continue
+            r.wal_files += 1
+            try:
+                buf = read_file(fs, path)
+            except OSError as e:
+                r.add("unreadable", path, str(e))
+                ended = True
+                self.tick()
+                continue
+            if not ended:
+                res = scan(buf)
+                for fr in res.frames:
+                    self.frame_content(path, fr)
+                r.frames += len(res.frames)
+                nxt = first + len(res.frames)
+                last = i == len(files) - 1
+                follow = None if last else _first_index(files[i + 1])
+                if res.torn is None and not last and follow == nxt:
+                    self.tick()
+                    continue  # the log continues in the next file
+                ended = True
+                lost = _frames_after(buf, res.end_offset)
+                self._end(path, res.end_offset, res.torn, lost, last)
+            else:
+                lost = _frames_after(buf, 0)
+                if lost:
+                    r.mid_log_damage += 1
+                    r.lost_frames += len(lost)
+                    r.add(
+                        "mid_log_damage",
+                        path,
+                        f"{len(lost)} valid frames in a file after the end of the log "
+                        f"({_seq_span(lost)}); recovery drops them",
+                        offset=lost[0].offset,
+                    )
+                else:
+                    r.add(
+                        "wal_orphan_file",
+                        path,
+                        "file after the end of the log without valid frames (removed on open)",
+                    )
+            self.tick()
+        self._current(d, files)
+
+    def _end(self, path: str, end: int, torn: Torn | None, lost: list[Frame], last: bool) -> None:
+        r = self.report
+        if lost:
+            r.mid_log_damage += 1
+            r.lost_frames += len(lost)
+            why = torn.reason if torn is not None else "zeroed frame (frame_len 0)"
+            r.add(
+                "mid_log_damage",
+                path,
+                f"{why}, then {len(lost)} valid frames after it (first at offset "
+                f"{lost[0].offset}, {_seq_span(lost)}); recovery drops them",
+                offset=end,
+            )
+        elif torn is not None:
+            r.torn_tails += 1
+            r.add("torn_tail", path, f"log ends on a torn frame: {torn.reason}", offset=end)
+
+    def _current(self, d: str, files: list[str]) -> None:
+        fs = self.fs
+        names = _listdir(fs, d)
+        for n in names:
+            if n.endswith(".tmp"):
+                self.report.add("tmp_leftover", posixpath.join(d, n), "leftover temporary file")
+        cur = posixpath.join(d, "CURRENT")
+        if not files:
+            return
+        if "CURRENT" not in names:
+            self.report.add("wal_current", cur, "missing (recovery does not need it)")
+            return
+        try:
+            named = read_file(fs, cur).decode("utf-8", "replace").strip()
+        except OSError as e:
+            self.report.add("unreadable", cur, str(e))
+            return
+        if named not in files:
+            self.report.add("wal_current", cur, f"names {named!r}, which does not exist")
+
+
+# -- segments ----------------------------------------------------------------------
+
+
+def _payload_ok(fr: Frame) -> str | None:
+    try:
+        orjson.loads(fr.data)
+        meta = fr.meta
+        if meta is not None:
+            orjson.loads(meta)
+    except (orjson.JSONDecodeError, FrameError) as e:
+        return f"payload is not JSON: {e}"
+    return None
+
+
+def _check_segment(
+    fs: Fs,
+    report: CheckReport,
+    topic_id: int,
+    first: int,
+    paths: SegmentPaths,
+    active: bool,
+) -> tuple[int, int] | None:
+    """Check one segment; returns `(first_seq, entries)` or None when unreadable."""
+    try:
+        raw_idx = read_file(fs, paths.idx)
+        data = read_file(fs, paths.data)
+    except OSError as e:
+        report.add("unreadable", paths.data, str(e))
+        return None
+    whole = len(raw_idx) // IDX_ENTRY_SIZE
+    partial = len(raw_idx) % IDX_ENTRY_SIZE
+    entries = np.frombuffer(raw_idx, IDX_ENTRY_DTYPE, count=whole)
+    offs = entries["offset"].tolist()
+    lens = entries["len"].tolist()
+    tss = entries["ts"].tolist()
+    flags = entries["flags"].tolist()
+    # (entry index, kind, path, detail, offset)
+    bad: list[tuple[int, str, str, str, int | None]] = []
+    end = 0
+    for i in range(whole):
+        off, ln, ts, fl = offs[i], lens[i], tss[i], flags[i]
+        seq = first + i
+        found: tuple[str, str, str] | None = None
+        if off != end:
+            found = ("idx_entry", paths.idx, f"entry offset {off}, expected {end} (contiguous)")
+        elif ln < SEG_MIN_FRAME_SIZE or off + ln > len(data):
+            found = (
+                "idx_entry",
+                paths.idx,
+                f"entry [{off}, +{ln}) is not a frame inside .data ({len(data)} bytes)",
+            )
+        else:
+            fr = decode_segment_frame(data, off)
+            if not isinstance(fr, Frame):
+                why = fr.reason if isinstance(fr, Torn) else "zeroed bytes"
+                found = ("segment_frame", paths.data, why)
+            elif fr.size != ln:
+                found = ("idx_mismatch", paths.idx, f"entry len {ln}, frame is {fr.size} bytes")
+            elif fr.seq != seq:
+                found = ("segment_seq", paths.data, f"frame carries seq {fr.seq}")
+            elif fr.topic_id != topic_id:
+                found = ("segment_topic", paths.data, f"frame carries topic {fr.topic_id:016x}")
+            elif fl != fr.flags and fl != DELETED:
+                found = (
+                    "idx_mismatch",
+                    paths.idx,
+                    f"entry flags {fl:#04x}, frame flags {fr.flags:#04x}",
+                )
+            elif ts != fr.ts:
+                found = ("idx_mismatch", paths.idx, f"entry ts {ts}, frame ts {fr.ts}")
+            else:
+                why_payload = _payload_ok(fr)
+                if why_payload is not None:
+                    found = ("segment_payload", paths.data, why_payload)
+        if found is not None:
+            bad.append((i, found[0], found[1], found[2], off))
+        end = off + ln
+    report.records += whole
+    report.deleted_records += sum(1 for f in flags if f == DELETED)
+
+    first_bad = bad[0][0] if bad else whole
+    suffix_only = [b[0] for b in bad] == list(range(first_bad, whole))
+    trailing = max(0, len(data) - end)
+    if active and suffix_only and (bad or partial or trailing):
+        parts = []
+        if bad:
+            parts.append(
+                f"{len(bad)} trailing entries invalid (seq {first + first_bad}: {bad[0][3]})"
+            )
+        if partial:
+            parts.append(f"partial trailing .idx entry ({partial} bytes)")
+        if trailing > 0:
+            parts.append(f"{trailing} unindexed .data bytes")
+        report.add(
+            "segment_torn_tail",
+            paths.data,
+            "; ".join(parts) + " (cut when the segment is resumed)",
+            seq=first + first_bad if bad else None,
+        )
+        return first, whole
+    if partial:
+        report.add(
+            "idx_size",
+            paths.idx,
+            f"size {len(raw_idx)} is not a multiple of {IDX_ENTRY_SIZE}",
+        )
+    for i, kind, path, detail, off in bad[:MAX_PER_FILE]:
+        report.add(kind, path, detail, offset=off, seq=first + i)
+    if len(bad) > MAX_PER_FILE:
+        report.add("more_problems", paths.data, f"{len(bad) - MAX_PER_FILE} more bad entries")
+    if trailing > 0:
+        report.add(
+            "data_trailing",
+            paths.data,
+            f"{trailing} bytes after the last indexed frame",
+            offset=end,
+        )
+    return first, whole
+
+
+def _check_topic(
+    fs: Fs,
+    report: CheckReport,
+    topic_id: int,
+    d: str,
+    all_sealed: bool,
+    tick: Callable[[], None],
+) -> None:
+    try:
+        sc = scan_segments(fs, d)
+    except OSError as e:
+        report.add("unreadable", d, str(e))
+        return
+    for p in sc.strays:
+        report.add("segment_stray", p, "segment half without its partner (never served)")
+    for p in sc.temps:
+        report.add("tmp_leftover", p, "leftover temporary file of an interrupted put")
+    prev: tuple[int, int] | None = None  # (first, count) of the previous segment
+    newest = sc.segments[-1][0] if sc.segments else None
+    for first, paths in sc.segments:
+        report.segments += 1
+        got = _check_segment(fs, report, topic_id, first, paths, not all_sealed and first == newest)
+        tick()
+        if got is None:
+            continue
+        if prev is not None and prev[1] and first <= prev[0] + prev[1] - 1:
+            report.add(
+                "segment_overlap",
+                paths.data,
+                f"starts at seq {first}, inside the previous segment "
+                f"[{prev[0]}, {prev[0] + prev[1] - 1}]",
+                seq=first,
+            )
+        prev = got
+
+
+# -- snapshots ---------------------------------------------------------------------
+
+
+def _check_snapshots(
+    fs: Fs, report: CheckReport, meta: str, snaps: list[tuple[int, str]], tick: Callable[[], None]
+) -> None:
+    for name in _listdir(fs, meta):
+        if name.endswith(".tmp"):
+            report.add("tmp_leftover", posixpath.join(meta, name), "leftover snapshot temp file")
+    for _n, path in snaps:
+        report.snapshots += 1
+        try:
+            result = decode_snapshot(read_file(fs, path))
+        except OSError as e:
+            report.add("unreadable", path, str(e))
+            tick()
+            continue
+        if isinstance(result, SnapshotInvalid):
+            report.add("snapshot_invalid", path, result.reason)
+        else:
+            report.valid_snapshots += 1
+        tick()
+    if snaps and not report.valid_snapshots:
+        report.add("no_valid_snapshot", meta, f"none of {len(snaps)} snapshots is valid")
+
+
+# -- entry point ---------------------------------------------------------------------
+
+
+def check(
+    fs: Fs,
+    data_dir: str,
+    *,
+    progress: Progress | None = None,
+    all_sealed: bool = False,
+    cold_dir: str | None = None,
+) -> CheckReport:
+    """fsck `data_dir` (read-only) and return a :class:`CheckReport`.
+
+    `progress(done, total)` is called once with `done == 0` after the files are
+    enumerated and after each WAL file, segment and snapshot. `all_sealed`
+    treats the newest segment of every topic as sealed too; `cold_dir` also
+    checks the cold tier's `<cold_dir>/topics/` (every cold segment is sealed).
+
+    Raises:
+        FileNotFoundError: `data_dir` does not exist.
+        NotADirectoryError: `data_dir` is not a directory.
+    """
+    if not fs.exists(data_dir):
+        raise FileNotFoundError(data_dir)
+    fs.listdir(data_dir)  # NotADirectoryError for a plain file
+    report = CheckReport(data_dir)
+
+    # Enumerate everything first so progress has a total.
+    shards: list[tuple[str, str, list[str]]] = []
+    try:
+        for label, d in list_shards(fs, data_dir):
+            shards.append((label, d, list_wal_files(fs, d)))
+    except OSError as e:
+        report.add("unreadable", posixpath.join(data_dir, "wal"), str(e))
+    if len(shards) > 1 and shards[0][0] == "wal":
+        report.add(
+            "wal_layout_mixed",
+            shards[0][1],
+            "flat wal/*.log files next to shard-NN directories",
+        )
+    tiers: list[tuple[str, bool]] = [(data_dir, all_sealed)]
+    if cold_dir is not None and fs.exists(cold_dir):
+        tiers.append((cold_dir, True))
+    topics: list[tuple[int, str, bool, int]] = []
+    for root, sealed in tiers:
+        base = posixpath.join(root, "topics")
+        try:
+            for name in _listdir(fs, base):
+                if not _TOPIC_RE.match(name):
+                    kind = "topic_dir_deleted" if name.endswith(".deleted") else "unknown_entry"
+                    report.add(kind, posixpath.join(base, name), "not a topic directory")
+            for tid, d in list_topic_dirs(fs, root):
+                n = len(scan_segments(fs, d).segments)
+                topics.append((tid, d, sealed, n))
+        except OSError as e:
+            report.add("unreadable", base, str(e))
+    meta = posixpath.join(data_dir, "meta")
+    try:
+        snaps = list_snapshots(fs, meta)
+    except OSError as e:
+        report.add("unreadable", meta, str(e))
+        snaps = []
+
+    total = sum(len(f) for _, _, f in shards) + sum(t[3] for t in topics) + len(snaps)
+    done = 0
+
+    def tick() -> None:
+        nonlocal done
+        done += 1
+        report.files_checked = done
+        if progress is not None:
+            progress(done, total)
+
+    if progress is not None:
+        progress(0, total)
+    wal = _ShardChecker(fs, report, tick)
+    for _label, d, files in shards:
+        try:
+            wal.check(d, files)
+        except OSError as e:
+            report.add("unreadable", d, str(e))
+    report.topics = len({t[0] for t in topics})
+    for tid, d, sealed, _n in topics:
+        _check_topic(fs, report, tid, d, sealed, tick)
+    _check_snapshots(fs, report, meta, snaps, tick)
+    return report

@@ -1,0 +1,316 @@
+"""The WAL-backed journal: the engine's mutations as frames in sharded WALs.
+
+A topic's frames always go to shard `xxh3_64(topic_id) % n` (seed: WAL sharding),
+so its appends and control frames stay in one ordered stream. Router frames go
+to shard 0; they carry the topic ids they connect, so recovery can tell a
+router of a deleted topic instance from a live one.
+
+Ack points per durability class (SEMANTICS §14):
+
+| class | frames | the write is published when |
+|---|---|---|
+| ephemeral | none (config frames only) | at once |
+| memory | appended, no reservation | the writer thread wrote the batch |
+| disk | appended + a HeadWatermark every 256 seqs (synced) | the batch was written (its reservation, when present, synced) |
+| fsync | appended, synced | the batch's `fdatasync` returned |
+
+Control frames carry `h`, the topic's head when they were logged: recovery
+orders a topic's frames by position in its seq space, which keeps the order
+right even when the shard count changed between runs.
+
+Completions arrive on the writer threads and are handed to the event loop with
+`call_soon_threadsafe`; engine state is only ever touched on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import posixpath
+import struct
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import xxhash
+
+from topics.errors import TopicsError
+from topics.storage.frame import (
+    CONFIG_UPDATE,
+    DELETE,
+    EVICT_WATERMARK,
+    HEAD_WATERMARK,
+    LEASE,
+    ROUTER_CREATE,
+    ROUTER_DELETE,
+    TOPIC_CREATE,
+    TOPIC_DELETE,
+    encode_appends,
+    encode_control,
+)
+from topics.storage.fs import Fs
+from topics.storage.wal import WalEntry, WalFull, WalMetrics, WalReadOnly, WalShard
+
+if TYPE_CHECKING:
+    from topics.engine.params import Predicate
+    from topics.engine.routers import Router
+    from topics.engine.topic import PendingWrite, Topic
+    from topics.engine.topic_config import TopicConfig
+
+__all__ = ["WalJournal", "shard_dirs", "shard_of", "HEAD_RESERVATION"]
+
+log = logging.getLogger("topics.journal")
+
+HEAD_RESERVATION = 256
+_U64 = struct.Struct("<Q")
+
+
+def shard_of(topic_id: int, n: int) -> int:
+    """The shard a topic lives on: `xxh3_64(topic_id as u64 LE) % n`."""
+    return int(xxhash.xxh3_64_intdigest(_U64.pack(topic_id)) % n) if n > 1 else 0
+
+
+def shard_dirs(data_dir: str, n: int) -> list[str]:
+    """Shard directories for `n` shards: flat `wal/` for one, `wal/shard-NN/` otherwise."""
+    root = posixpath.join(data_dir, "wal")
+    if n <= 1:
+        return [root]
+    return [posixpath.join(root, f"shard-{i:02d}") for i in range(n)]
+
+
+class WalJournal:
+    """Implements the engine's Journal protocol on top of open WAL shards."""
+
+    def __init__(
+        self,
+        shards: list[WalShard],
+        loop: asyncio.AbstractEventLoop,
+        *,
+        reserved: dict[int, int] | None = None,
+    ) -> None:
+        self.shards = shards
+        self.loop = loop
+        # Durable head reservation per topic id (disk class).
+        self.reserved: dict[int, int] = dict(reserved or {})
+        # name -> live topic id, for router frames (set by whoever owns the engine).
+        self.topic_ids: Callable[[str], int] = lambda name: 0
+
+    # ------------------------------------------------------------ plumbing
+
+    def _shard(self, topic_id: int) -> WalShard:
+        return self.shards[shard_of(topic_id, len(self.shards))]
+
+    def _submit(self, shard: WalShard, entry: WalEntry) -> None:
+        try:
+            shard.submit(entry)
+        except WalFull:
+            raise TopicsError(429, "throttled", "the write-ahead log is busy; retry") from None
+        except WalReadOnly:
+            raise TopicsError(500, "internal", "the write-ahead log is read-only") from None
+
+    def _control(
+        self,
+        shard: WalShard,
+        typ: int,
+        topic_id: int,
+        body: dict[str, Any],
+        *,
+        sync: bool = True,
+        seq: int = 0,
+        ts: int = 0,
+        done: Callable[[WalEntry, bool, float], None] | None = None,
+    ) -> None:
+        data = encode_control(typ, topic_id, body, seq=seq, ts=ts, durable=sync)
+        self._submit(shard, WalEntry(data, 1, sync, done or _log_failure))
+
+    def _topic_control(self, t: Topic, typ: int, body: dict[str, Any], **kw: Any) -> None:
+        body["h"] = t.head_seq
+        self._control(self._shard(t.topic_id), typ, t.topic_id, body, **kw)
+
+    # ------------------------------------------------------------ records
+
+    def submit_write(self, pw: PendingWrite) -> None:
+        t = pw.topic
+        cls = t.config.durability
+        if cls == "ephemeral":
+            t.complete(pw, True)
+            return
+        data = encode_appends(t.topic_id, pw.first_seq, pw.ts, pw.records, cls == "fsync")
+        frames = len(pw.records)
+        sync = cls == "fsync"
+        reserved_before = self.reserved.get(t.topic_id, 0)
+        if cls == "disk" and pw.last_seq > reserved_before:
+            # Seqs of a disk topic are never reused after a crash: before publishing
+            # past the durable reservation, fsync a new one 256 seqs ahead.
+            res = pw.last_seq + HEAD_RESERVATION
+            data += encode_control(HEAD_WATERMARK, t.topic_id, {}, seq=res, ts=pw.ts, durable=True)
+            frames += 1
+            sync = True
+            self.reserved[t.topic_id] = res
+        loop = self.loop
+
+        def done(e: WalEntry, ok: bool, fsync_ms: float) -> None:
+            loop.call_soon_threadsafe(self._write_done, pw, ok, fsync_ms, reserved_before)
+
+        try:
+            self._submit(self._shard(t.topic_id), WalEntry(data, frames, sync, done))
+        except TopicsError:
+            self.reserved[t.topic_id] = reserved_before
+            raise
+
+    def _write_done(self, pw: PendingWrite, ok: bool, fsync_ms: float, reserved: int) -> None:
+        t = pw.topic
+        if not ok and self.reserved.get(t.topic_id, 0) > reserved:
+            self.reserved[t.topic_id] = reserved
+        pw.fsync_ms = fsync_ms if t.config.durability == "fsync" else 0.0
+        t.complete(pw, ok)
+
+    # ------------------------------------------------------------ topics
+
+    def topic_created(self, t: Topic) -> None:
+        self._topic_control(
+            t,
+            TOPIC_CREATE,
+            {"name": t.name, "config": t.config.to_wire(), "epoch": t.epoch},
+            ts=t.created_ms,
+        )
+
+    def config_updated(self, t: Topic, cfg: TopicConfig) -> None:
+        self._topic_control(t, CONFIG_UPDATE, {"config": cfg.to_wire()})
+
+    def topic_deleted(self, t: Topic) -> None:
+        self._topic_control(t, TOPIC_DELETE, {"name": t.name})
+
+    def records_deleted(
+        self, t: Topic, before_seq: int | None, pred: Predicate | None, bound: int
+    ) -> None:
+        if t.config.durability == "ephemeral":
+            return
+        body = {
+            "bound": bound,
+            "before_seq": before_seq,
+            "match": list(pred) if pred is not None else None,
+            "seqs": None,
+        }
+        self._topic_control(t, DELETE, body, sync=t.config.durability == "fsync")
+
+    def seqs_deleted(self, t: Topic, seqs: list[int]) -> None:
+        if t.config.durability == "ephemeral" or not seqs:
+            return
+        body = {"bound": t.head_seq + 1, "before_seq": None, "match": None, "seqs": list(seqs)}
+        self._topic_control(t, DELETE, body, sync=t.config.durability == "fsync")
+
+    def evict_watermark(self, t: Topic) -> None:
+        if t.config.durability in ("ephemeral", "memory"):
+            return
+        body = {"l_cap": t.l_cap, "l_ttl": t.l_ttl, "l_trim": t.l_trim}
+        self._topic_control(t, EVICT_WATERMARK, body, sync=t.config.durability == "fsync")
+
+    def lease_event(
+        self,
+        t: Topic,
+        kind: str,
+        seq: int,
+        node: str,
+        lease_id: int,
+        deadline: int,
+        deliveries: int,
+    ) -> None:
+        body = {
+            "kind": kind,
+            "node": node,
+            "lease_id": lease_id,
+            "deadline": deadline,
+            "deliveries": deliveries,
+        }
+        try:
+            self._topic_control(t, LEASE, body, seq=seq)
+        except TopicsError:
+            pass  # lease logging errors are ignored (SEMANTICS §15.1)
+
+    # ------------------------------------------------------------ routers
+
+    def router_put(self, r: Router) -> None:
+        from topics.engine.routers import router_wire_state
+
+        self._control(self.shards[0], ROUTER_CREATE, 0, router_wire_state(r, self.topic_ids))
+
+    def router_deleted(self, r: Router) -> None:
+        self._control(self.shards[0], ROUTER_DELETE, 0, {"name": r.name})
+
+    # ------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        """Drain and sync every shard, then stop their writer threads."""
+        for s in self.shards:
+            s.close()
+
+    def metrics(self) -> dict[str, Any]:
+        """The `wal` object of the JSON metrics form (API §11.3)."""
+        m = [s.metrics for s in self.shards]
+        return {
+            "fsyncs": sum(x.fsyncs for x in m),
+            "frames": sum(x.frames for x in m),
+            "batches": sum(x.batches for x in m),
+            "bytes_written": sum(x.bytes_written for x in m),
+            "rotations": sum(x.rotations for x in m),
+            "queue_depth": sum(s.queue_depth for s in self.shards),
+            "queue_depth_peak": max((x.queue_depth_peak for x in m), default=0),
+            "submit_full_total": sum(x.submit_full for x in m),
+            "read_only": any(s.read_only for s in self.shards),
+            "fsync_count": sum(x.fsyncs for x in m),
+            "fsync_micros_total": sum(x.fsync_micros_total for x in m),
+        }
+
+    def prometheus_lines(self) -> list[str]:
+        """WAL metrics in Prometheus text form (API §11.3)."""
+        j = self.metrics()
+        out: list[str] = []
+
+        def one(name: str, typ: str, help_: str, value: Any) -> None:
+            out.extend((f"# HELP {name} {help_}", f"# TYPE {name} {typ}", f"{name} {int(value)}"))
+
+        one("topics_wal_frames_total", "counter", "WAL frames written.", j["frames"])
+        one("topics_wal_batches_total", "counter", "WAL write batches.", j["batches"])
+        one("topics_wal_fsyncs_total", "counter", "WAL fdatasync calls.", j["fsyncs"])
+        one("topics_wal_bytes_written_total", "counter", "WAL bytes written.", j["bytes_written"])
+        one("topics_wal_rotations_total", "counter", "WAL file rotations.", j["rotations"])
+        one(
+            "topics_wal_submit_full_total",
+            "counter",
+            "Submissions refused with a full queue.",
+            j["submit_full_total"],
+        )
+        one("topics_wal_queue_depth", "gauge", "Queued WAL submissions.", j["queue_depth"])
+        one(
+            "topics_wal_queue_depth_peak",
+            "gauge",
+            "Peak queued submissions.",
+            j["queue_depth_peak"],
+        )
+        one("topics_wal_read_only", "gauge", "1 when the WAL is latched read-only.", j["read_only"])
+        name = "topics_wal_fsync_latency_us"
+        out.append(f"# HELP {name} WAL fdatasync latency in microseconds.")
+        out.append(f"# TYPE {name} histogram")
+        hist = [0] * 10
+        for s in self.shards:
+            for i, c in enumerate(s.metrics.fsync_hist):
+                hist[i] += c
+        cum = 0
+        for b, c in zip(WalMetrics.BUCKETS_US, hist, strict=False):
+            cum += c
+            out.append(f'{name}_bucket{{le="{b}"}} {cum}')
+        cum += hist[-1]
+        out.append(f'{name}_bucket{{le="+Inf"}} {cum}')
+        out.append(f"{name}_sum {j['fsync_micros_total']}")
+        out.append(f"{name}_count {j['fsync_count']}")
+        return out
+
+
+def _log_failure(e: WalEntry, ok: bool, fsync_ms: float) -> None:
+    if not ok:
+        log.error("control frame could not be logged: %s", e.error)
+
+
+def open_shards(fs: Fs, data_dir: str, n: int, **kw: Any) -> list[WalShard]:
+    """Open (and repair) the shards of the current layout; see :func:`shard_dirs`."""
+    return [WalShard.open(fs, d, **kw)[0] for d in shard_dirs(data_dir, n)]

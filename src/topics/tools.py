@@ -1,0 +1,539 @@
+"""Offline data-dir tools: `topics verify DATA_DIR` (fsck) and `topics dump DATA_DIR`.
+
+Both only read, through :class:`~topics.storage.fs.RealFs`; run them on a data
+dir no server is writing to (a live server's active WAL tail may read as torn).
+
+* ``topics verify DATA_DIR [--json] [--no-progress] [--all-sealed] [--cold-dir DIR]``
+  runs :func:`topics.storage.check.check`, prints a summary table and every
+  problem, with a tqdm progress bar over the files on stderr (shown on a
+  terminal). Exit 0 when nothing is corrupt (a torn tail is fine), 1 on
+  corruption, 2 on a usage error or a missing data dir.
+* ``topics dump DATA_DIR [--wal] [--segments] [--topic HEX_ID] [--json]`` prints
+  the WAL frames of every shard (the valid log, up to its end) and the segment
+  records of every topic; with neither flag both. `--json` writes one JSON
+  object per line. Exit 0, or 2 on a usage error or a missing data dir.
+
+Entry points: :func:`main_verify` / :func:`main_dump` take the arguments after
+the subcommand name and return the exit code; :func:`add_subcommands` +
+:func:`run` plug both into an existing argparse CLI; :func:`main` (also
+`python -m topics.tools verify DIR`) takes the subcommand first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import posixpath
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from typing import IO, Any
+
+import numpy as np
+import orjson
+from tqdm import tqdm
+
+from topics.engine.index import DELETED, IDX_ENTRY_DTYPE
+from topics.storage.check import (
+    CORRUPT,
+    INFO,
+    WARNING,
+    CheckReport,
+    check,
+    list_shards,
+    list_topic_dirs,
+    read_file,
+)
+from topics.storage.frame import APPEND, TYPE_NAMES, Frame, FrameError, decode_segment_frame
+from topics.storage.fs import Fs, RealFs
+from topics.storage.segment import IDX_ENTRY_SIZE, scan_segments
+from topics.storage.wal import scan_shard
+
+__all__ = [
+    "EXIT_OK",
+    "EXIT_CORRUPT",
+    "EXIT_USAGE",
+    "add_subcommands",
+    "run",
+    "main_verify",
+    "main_dump",
+    "main",
+    "verify",
+    "dump",
+]
+
+EXIT_OK = 0
+EXIT_CORRUPT = 1
+EXIT_USAGE = 2
+
+
+# -- argparse wiring ---------------------------------------------------------------
+
+
+def _verify_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("data_dir", metavar="DATA_DIR", help="the server's data directory")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument(
+        "--all-sealed",
+        action="store_true",
+        help="treat every topic's newest segment as sealed (no torn tail allowed)",
+    )
+    p.add_argument("--cold-dir", metavar="DIR", help="also check this cold-tier root")
+    p.set_defaults(tools_command="verify")
+
+
+def _dump_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("data_dir", metavar="DATA_DIR", help="the server's data directory")
+    p.add_argument("--wal", action="store_true", help="dump WAL frames")
+    p.add_argument("--segments", action="store_true", help="dump segment records")
+    p.add_argument("--topic", metavar="HEX_ID", help="only this topic id (hex, as in topics/)")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.set_defaults(tools_command="dump")
+
+
+_VERIFY_HELP = "check a data directory for corruption (fsck)"
+_DUMP_HELP = "print WAL frames and segment records of a data directory"
+
+
+def add_subcommands(subparsers: Any) -> None:
+    """Add `verify` and `dump` to an argparse subparsers object.
+
+    `subparsers` is what `ArgumentParser.add_subparsers()` returned; parsed
+    args carry `tools_command` ("verify"/"dump"), so :func:`run` can dispatch.
+    """
+    _verify_args(subparsers.add_parser("verify", help=_VERIFY_HELP, description=_VERIFY_HELP))
+    _dump_args(subparsers.add_parser("dump", help=_DUMP_HELP, description=_DUMP_HELP))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the subcommand parsed by a parser set up with :func:`add_subcommands`."""
+    cmd = getattr(args, "tools_command", None)
+    if cmd == "verify":
+        return verify(
+            args.data_dir,
+            as_json=args.json,
+            progress=not args.no_progress,
+            all_sealed=args.all_sealed,
+            cold_dir=args.cold_dir,
+        )
+    if cmd == "dump":
+        return dump(
+            args.data_dir,
+            wal=args.wal,
+            segments=args.segments,
+            topic=args.topic,
+            as_json=args.json,
+        )
+    print(f"topics: unknown tools command {cmd!r}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace | int:
+    try:
+        return parser.parse_args(list(argv))
+    except SystemExit as e:  # argparse exits on --help (0) and on errors (2)
+        code = e.code
+        return code if isinstance(code, int) else EXIT_USAGE
+
+
+def main_verify(argv: Sequence[str]) -> int:
+    """`topics verify ...`: `argv` are the arguments after `verify`; returns the exit code."""
+    p = argparse.ArgumentParser(prog="topics verify", description=_VERIFY_HELP)
+    _verify_args(p)
+    args = _parse(p, argv)
+    return args if isinstance(args, int) else run(args)
+
+
+def main_dump(argv: Sequence[str]) -> int:
+    """`topics dump ...`: `argv` are the arguments after `dump`; returns the exit code."""
+    p = argparse.ArgumentParser(prog="topics dump", description=_DUMP_HELP)
+    _dump_args(p)
+    args = _parse(p, argv)
+    return args if isinstance(args, int) else run(args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m topics.tools {verify,dump} ...`; returns the exit code."""
+    p = argparse.ArgumentParser(prog="topics", description="offline data-dir tools")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    add_subcommands(sub)
+    args = _parse(p, sys.argv[1:] if argv is None else argv)
+    return args if isinstance(args, int) else run(args)
+
+
+# -- shared helpers -------------------------------------------------------------------
+
+
+def _usage(msg: str) -> int:
+    print(f"topics: {msg}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _data_dir_error(data_dir: str) -> str | None:
+    if not os.path.exists(data_dir):
+        return f"data dir {data_dir} does not exist"
+    if not os.path.isdir(data_dir):
+        return f"data dir {data_dir} is not a directory"
+    return None
+
+
+def _rel(path: str, root: str) -> str:
+    rel = os.path.relpath(path, root)
+    return path if rel.startswith("..") else rel
+
+
+def _jsonable(x: Any) -> Any:
+    """A msgpack value as JSON-encodable data (non-str keys -> str, bytes -> text or hex)."""
+    if isinstance(x, dict):
+        return {_key(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, bytes | bytearray | memoryview):
+        b = bytes(x)
+        try:
+            return b.decode("utf-8")
+        except UnicodeDecodeError:
+            return "0x" + b.hex()
+    if x is None or isinstance(x, bool | int | float | str):
+        return x
+    return repr(x)
+
+
+def _key(k: Any) -> str:
+    if isinstance(k, str):
+        return k
+    if isinstance(k, bytes):
+        return k.decode("utf-8", "replace")
+    return str(k)
+
+
+def _dumps(obj: Any) -> str:
+    return orjson.dumps(obj).decode()
+
+
+class _Out:
+    """Writes lines to stdout (looked up per call, so tests can capture it)."""
+
+    def __call__(self, line: str) -> None:
+        out: IO[str] = sys.stdout
+        out.write(line + "\n")
+
+
+def _quiet_broken_pipe() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+# -- verify -------------------------------------------------------------------------------
+
+
+def _table(rows: list[tuple[str, str]]) -> list[str]:
+    w = max(len(k) for k, _ in rows)
+    return [f"  {k.ljust(w)}  {v}" for k, v in rows]
+
+
+def format_report(report: CheckReport) -> list[str]:
+    """The human-readable verify output: a summary table, then each problem."""
+    r = report
+    rows = [
+        ("WAL shards", str(r.shards)),
+        ("WAL files", str(r.wal_files)),
+        ("WAL frames", str(r.frames)),
+        ("torn tails", str(r.torn_tails)),
+        ("mid-log damage", f"{r.mid_log_damage} ({r.lost_frames} frames after it)"),
+        ("topics", str(r.topics)),
+        ("segments", str(r.segments)),
+        ("records", f"{r.records} ({r.deleted_records} deleted)"),
+        ("snapshots", f"{r.snapshots} ({r.valid_snapshots} valid)"),
+        ("files checked", str(r.files_checked)),
+        (
+            "problems",
+            f"{r.count(CORRUPT)} corrupt, {r.count(WARNING)} warning, {r.count(INFO)} info",
+        ),
+    ]
+    lines = [f"topics verify {r.data_dir}", *_table(rows)]
+    if r.problems:
+        lines.append("")
+        for p in r.problems:
+            where = []
+            if p.offset is not None:
+                where.append(f"offset {p.offset}")
+            if p.seq is not None:
+                where.append(f"seq {p.seq}")
+            at = f" [{', '.join(where)}]" if where else ""
+            lines.append(
+                f"{p.severity.upper():8} {p.kind:18} {_rel(p.path, r.data_dir)}{at}: {p.detail}"
+            )
+    lines.append("")
+    lines.append("result: OK" if r.ok else f"result: CORRUPT ({len(r.corruption)} problems)")
+    return lines
+
+
+def verify(
+    data_dir: str,
+    *,
+    as_json: bool = False,
+    progress: bool = True,
+    all_sealed: bool = False,
+    cold_dir: str | None = None,
+    fs: Fs | None = None,
+) -> int:
+    """Check `data_dir`, print the report; returns 0 (ok), 1 (corrupt) or 2 (usage)."""
+    err = _data_dir_error(data_dir) if fs is None else None
+    if err is not None:
+        return _usage(err)
+    if cold_dir is not None and fs is None and not os.path.isdir(cold_dir):
+        return _usage(f"cold dir {cold_dir} is not a directory")
+    bar = tqdm(
+        total=0,
+        desc="verify",
+        unit="file",
+        file=sys.stderr,
+        disable=True if not progress else None,  # None: only on a terminal
+        leave=False,
+        dynamic_ncols=True,
+    )
+
+    def on_progress(done: int, total: int) -> None:
+        if bar.total != total:
+            bar.total = total
+            bar.refresh()
+        if done > bar.n:
+            bar.update(done - bar.n)
+
+    try:
+        report = check(
+            fs or RealFs(),
+            data_dir,
+            progress=on_progress,
+            all_sealed=all_sealed,
+            cold_dir=cold_dir,
+        )
+    except (FileNotFoundError, NotADirectoryError) as e:
+        return _usage(f"cannot check {data_dir}: {e}")
+    finally:
+        bar.close()
+    out = _Out()
+    try:
+        if as_json:
+            out(_dumps(report.as_dict()))
+        else:
+            for line in format_report(report):
+                out(line)
+    except BrokenPipeError:
+        _quiet_broken_pipe()
+    return EXIT_OK if report.ok else EXIT_CORRUPT
+
+
+# -- dump --------------------------------------------------------------------------------
+
+
+def _parse_topic(text: str | None) -> int | None:
+    if text is None:
+        return None
+    t = text.lower()
+    if t.startswith("0x"):
+        t = t[2:]
+    if not t or len(t) > 16 or any(c not in "0123456789abcdef" for c in t):
+        raise ValueError(f"--topic {text!r} is not a hex topic id (up to 16 hex digits)")
+    return int(t, 16)
+
+
+def _payload_value(raw: bytes) -> tuple[str, Any]:
+    """("data", parsed JSON) or ("data_raw", text) when it is not JSON."""
+    try:
+        return "json", orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return "raw", raw.decode("utf-8", "replace")
+
+
+def _frame_fields(fr: Frame) -> dict[str, Any]:
+    return {
+        "type": TYPE_NAMES.get(fr.type, str(fr.type)),
+        "topic_id": f"{fr.topic_id:016x}",
+        "seq": fr.seq,
+        "ts": fr.ts,
+        "node": fr.node,
+        "tag": fr.tag,
+        "flags": fr.flags,
+        "durable": fr.durable,
+    }
+
+
+def _record_payload(fr: Frame, obj: dict[str, Any]) -> None:
+    try:
+        data, meta = fr.data, fr.meta
+    except FrameError as e:  # pragma: no cover - decoded frames always split
+        obj["payload_error"] = str(e)
+        return
+    how, value = _payload_value(data)
+    obj["data" if how == "json" else "data_raw"] = value
+    if meta is not None:
+        how, value = _payload_value(meta)
+        obj["meta" if how == "json" else "meta_raw"] = value
+
+
+def _text(v: Any) -> str:
+    return "-" if v is None else str(v)
+
+
+def _bytes_text(b: bytes) -> str:
+    return b.decode("utf-8", "replace")
+
+
+def _wal_lines(fs: Fs, data_dir: str, topic: int | None, as_json: bool) -> Iterator[str]:
+    for label, d in list_shards(fs, data_dir):
+        sc = scan_shard(fs, d)
+        for name, fr in sc.frames:
+            if topic is not None and fr.topic_id != topic:
+                continue
+            obj: dict[str, Any] = {"kind": "wal_frame", "shard": label, "file": name}
+            obj["offset"] = fr.offset
+            obj.update(_frame_fields(fr))
+            if fr.type == APPEND:
+                _record_payload(fr, obj)
+            else:
+                try:
+                    obj["body"] = _jsonable(fr.control())
+                except FrameError as e:
+                    obj["body_error"] = str(e)
+            if as_json:
+                yield _dumps(obj)
+                continue
+            head = (
+                f"wal {label} {name}@{fr.offset} {obj['type']} topic={obj['topic_id']} "
+                f"seq={fr.seq} ts={fr.ts} node={_text(fr.node)} tag={_text(fr.tag)} "
+                f"flags={fr.flags:#04x}"
+            )
+            if fr.type == APPEND:
+                meta = fr.meta
+                tail = f" data={_bytes_text(fr.data)}"
+                if meta is not None:
+                    tail += f" meta={_bytes_text(meta)}"
+            elif "body" in obj:
+                tail = f" body={_dumps(obj['body'])}"
+            else:
+                tail = f" body_error={obj['body_error']}"
+            yield head + tail
+        end = {
+            "kind": "wal_end",
+            "shard": label,
+            "file": sc.end_file,
+            "offset": sc.end_offset,
+            "frames": len(sc.frames),
+            "torn": sc.torn.reason if sc.torn is not None else None,
+        }
+        if as_json:
+            yield _dumps(end)
+        else:
+            torn = f" (torn: {sc.torn.reason})" if sc.torn is not None else ""
+            yield (
+                f"# wal {label}: {len(sc.frames)} frames, end at "
+                f"{sc.end_file}@{sc.end_offset}{torn}"
+            )
+
+
+def _segment_lines(fs: Fs, data_dir: str, topic: int | None, as_json: bool) -> Iterator[str]:
+    for tid, d in list_topic_dirs(fs, data_dir):
+        if topic is not None and tid != topic:
+            continue
+        for first, paths in scan_segments(fs, d).segments:
+            seg = posixpath.basename(paths.data)[: -len(".data")]
+            raw_idx = read_file(fs, paths.idx)
+            data = read_file(fs, paths.data)
+            whole = len(raw_idx) // IDX_ENTRY_SIZE
+            entries = np.frombuffer(raw_idx, IDX_ENTRY_DTYPE, count=whole)
+            for i, (off, ln, ts, fl) in enumerate(
+                zip(
+                    entries["offset"].tolist(),
+                    entries["len"].tolist(),
+                    entries["ts"].tolist(),
+                    entries["flags"].tolist(),
+                    strict=True,
+                )
+            ):
+                seq = first + i
+                obj: dict[str, Any] = {
+                    "kind": "record",
+                    "topic_id": f"{tid:016x}",
+                    "segment": seg,
+                    "seq": seq,
+                    "ts": ts,
+                    "flags": fl,
+                    "deleted": fl == DELETED,
+                    "offset": off,
+                }
+                fr = decode_segment_frame(data, off) if off + ln <= len(data) else None
+                if not isinstance(fr, Frame) or fr.size != ln or fr.seq != seq:
+                    obj["kind"] = "record_error"
+                    if isinstance(fr, Frame):
+                        obj["error"] = f"frame seq {fr.seq}, {fr.size} bytes"
+                    elif fr is None:
+                        obj["error"] = "entry past the end of .data"
+                    else:
+                        obj["error"] = getattr(fr, "reason", "zeroed bytes")
+                    yield (
+                        _dumps(obj)
+                        if as_json
+                        else (f"seg {obj['topic_id']} {seg} seq={seq} ERROR {obj['error']}")
+                    )
+                    continue
+                obj["node"] = fr.node
+                obj["tag"] = fr.tag
+                obj["frame_flags"] = fr.flags
+                _record_payload(fr, obj)
+                if as_json:
+                    yield _dumps(obj)
+                    continue
+                meta = fr.meta
+                line = (
+                    f"seg {obj['topic_id']} {seg} seq={seq} ts={ts} flags={fl:#04x}"
+                    f"{' deleted' if fl == DELETED else ''} node={_text(fr.node)} "
+                    f"tag={_text(fr.tag)} data={_bytes_text(fr.data)}"
+                )
+                if meta is not None:
+                    line += f" meta={_bytes_text(meta)}"
+                yield line
+
+
+def dump(
+    data_dir: str,
+    *,
+    wal: bool = False,
+    segments: bool = False,
+    topic: str | None = None,
+    as_json: bool = False,
+    fs: Fs | None = None,
+) -> int:
+    """Print WAL frames and/or segment records (both when neither is asked for)."""
+    err = _data_dir_error(data_dir) if fs is None else None
+    if err is not None:
+        return _usage(err)
+    try:
+        tid = _parse_topic(topic)
+    except ValueError as e:
+        return _usage(str(e))
+    if not wal and not segments:
+        wal = segments = True
+    the_fs = fs or RealFs()
+    out: Callable[[str], None] = _Out()
+    try:
+        if wal:
+            for line in _wal_lines(the_fs, data_dir, tid, as_json):
+                out(line)
+        if segments:
+            for line in _segment_lines(the_fs, data_dir, tid, as_json):
+                out(line)
+    except BrokenPipeError:
+        _quiet_broken_pipe()
+    except OSError as e:
+        print(f"topics: dump failed: {e}", file=sys.stderr)
+        return EXIT_CORRUPT
+    return EXIT_OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
