@@ -29,7 +29,11 @@ first byte after the logical end it searches forward for offsets where a whole,
 checksum-valid frame decodes, then scans on from there, repeatedly, and does the
 same in every WAL file after the end file. Any frame found that way means the
 damage was not a tail: it is reported as ``mid_log_damage`` and the frames are
-counted in :attr:`CheckReport.lost_frames` (recovery would drop them).
+counted in :attr:`CheckReport.lost_frames` (recovery would drop them). Bytes
+alone cannot tell bit rot from a crash that garbled (or zeroed a sector of) an
+un-synced multi-frame write, so run fsck on a *recovered* dir (recovery zeroes
+everything after the end) when judging the crash contract; the detail says how
+many of the lost frames carry the durable flag.
 
 **Active segments.** Only the active segment may have a torn tail, and fsck
 cannot tell it from a sealed one on disk, so by default the newest segment of
@@ -295,18 +299,16 @@ def _first_index(name: str) -> int | None:
 # -- WAL -------------------------------------------------------------------------
 
 
-def _find_frame(buf: bytes, start: int) -> Frame | None:
-    """The first whole valid WAL frame starting at or after `start`, or None.
+def _find_frame(buf: bytes, a: np.ndarray[Any, Any], stop: int, start: int) -> Frame | None:
+    """The first whole valid WAL frame starting in `[start, stop)`, or None.
 
-    A vectorised prefilter (type byte known, `frame_len` in range) keeps the
-    number of full decodes small; trailing zero bytes are skipped outright.
+    `a` is `buf` as a uint8 array. A vectorised prefilter (type byte known,
+    `frame_len` in range) keeps the number of full decodes small.
     """
     n = len(buf)
-    stop = len(buf.rstrip(b"\0"))  # no frame starts in the zeroed tail
     last_start = min(stop, n - MIN_FRAME_SIZE + 1)
     if start >= last_start:
         return None
-    a = np.frombuffer(buf, np.uint8)
     top = max(FRAME_TYPES)
     p = start
     while p < last_start:
@@ -331,9 +333,11 @@ def _find_frame(buf: bytes, start: int) -> Frame | None:
 def _frames_after(buf: bytes, start: int) -> list[Frame]:
     """Every valid frame after the non-frame at `start`, resynchronising past damage."""
     out: list[Frame] = []
+    stop = len(buf.rstrip(b"\0"))  # no frame starts in the zeroed (preallocated) tail
+    a = np.frombuffer(buf, np.uint8)
     pos = start
     while True:
-        fr = _find_frame(buf, pos)
+        fr = _find_frame(buf, a, stop, pos)
         if fr is None:
             return out
         res = scan(buf, fr.offset)
@@ -343,9 +347,10 @@ def _frames_after(buf: bytes, start: int) -> list[Frame]:
 
 def _seq_span(frames: Sequence[Frame]) -> str:
     seqs = [f.seq for f in frames if f.type == APPEND]
-    if not seqs:
-        return "no Append frames"
-    return f"Append seqs {min(seqs)}..{max(seqs)}"
+    span = f"Append seqs {min(seqs)}..{max(seqs)}" if seqs else "no Append frames"
+    # Durable-flagged frames were (or were about to be) fsynced; non-durable ones
+    # may be an un-synced tail that a crash is allowed to lose.
+    return f"{span}, {sum(1 for f in frames if f.durable)} durable-flagged"
 
 
 class _ShardChecker:
