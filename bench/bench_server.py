@@ -628,11 +628,22 @@ class Server:
             if text:
                 host, _, port = text.rpartition(":")
                 self.host, self.port = host, int(port)
-                return
+                if self._ready():  # bound at once; serves data routes after recovery
+                    return
             if time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError("server did not write its port file in 30 s")
+                raise RuntimeError("server did not become ready in 30 s")
             time.sleep(0.05)
+
+    def _ready(self) -> bool:
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://{self.host}:{self.port}/readyz", timeout=2) as r:
+                return bool(r.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
 
     @property
     def pid(self) -> int:

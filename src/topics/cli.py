@@ -39,7 +39,7 @@ async def _serve(cfg: ServerConfig) -> int:
     from topics.storage.fs import RealFs
     from topics.storage.journal import WalJournal
     from topics.storage.lock import DataDirLock, DataDirLocked
-    from topics.storage.recovery import recover
+    from topics.storage.recovery import recover_async
 
     try:
         lock = DataDirLock(cfg.data_dir)
@@ -50,7 +50,24 @@ async def _serve(cfg: ServerConfig) -> int:
     clock = SystemClock()
     engine = Engine(clock=clock, limits=cfg.limits, fs=fs)
     app = TopicsApp(cfg, clock=clock, engine=engine)
-    shards, report = recover(engine, fs, cfg.data_dir, cfg.wal_shards)
+    # Bind first and replay the WAL while answering probes: /v0/ready (and every
+    # data route) is 503 not_ready with the replay progress until recovery ends.
+    app.ready = False
+    app.replay_progress = 0.0
+    handle = await start_server(app, cfg.host, cfg.port)
+
+    def on_progress(f: float) -> None:
+        app.replay_progress = f
+
+    try:
+        shards, report = await recover_async(
+            engine, fs, cfg.data_dir, cfg.wal_shards, progress=on_progress
+        )
+    except OSError as exc:
+        log.error("recovery failed, refusing to serve: %s", exc)
+        await handle.stop()
+        lock.release()
+        return 1
     log.info(
         "recovered %d topics, %d records from %d WAL frames in %d shard(s) in %.3f s%s",
         report.topics,
@@ -69,7 +86,8 @@ async def _serve(cfg: ServerConfig) -> int:
         lock.release()
 
     app.hooks_shutdown.append(close_storage)
-    handle = await start_server(app, cfg.host, cfg.port)
+    app.replay_progress = 1.0
+    app.ready = True
     log.info(
         "topics %s listening on http://%s:%d (data dir %s)",
         __version__,
@@ -112,7 +130,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--port", type=int, help="bind port, 0 = ephemeral (overrides TOPICS_PORT)")
     serve.add_argument("--data-dir", help="data directory (overrides TOPICS_DATA_DIR)")
     serve.add_argument("--port-file", help="write host:port here once bound (TOPICS_PORT_FILE)")
+    from topics import tools
+
+    tools.add_subcommands(sub)
     args = parser.parse_args(argv)
+    if args.cmd in ("verify", "dump"):
+        return tools.run(args)
 
     if args.cmd == "serve":
         env = dict(os.environ)

@@ -268,7 +268,8 @@ def format_report(report: CheckReport) -> list[str]:
                 f"{p.severity.upper():8} {p.kind:18} {_rel(p.path, r.data_dir)}{at}: {p.detail}"
             )
     lines.append("")
-    lines.append("result: OK" if r.ok else f"result: CORRUPT ({len(r.corruption)} problems)")
+    n = len(r.corruption)
+    lines.append("result: OK" if r.ok else f"result: CORRUPT ({n} corrupt problem{'s' * (n != 1)})")
     return lines
 
 

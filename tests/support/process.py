@@ -39,6 +39,25 @@ class ServerProcess:
         )
         self.host, self.port = self._wait_port()
         self.base = f"http://{self.host}:{self.port}"
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 60.0) -> None:
+        """The port file appears at bind time; recovery may still run (503 until done)."""
+        import urllib.error
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited during recovery:\n{self.log_path.read_text()}")
+            try:
+                with urllib.request.urlopen(f"{self.base}/readyz", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.02)
+        raise RuntimeError("server did not become ready in time")
 
     def _wait_port(self, timeout: float = 20.0) -> tuple[str, int]:
         deadline = time.monotonic() + timeout

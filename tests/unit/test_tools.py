@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from tests.unit.test_check import TOPIC, build_data_dir, flip
+
 from topics import tools
 from topics.storage.snapshot import snapshot_name
 
@@ -46,7 +46,7 @@ def test_verify_mid_log_damage_exits_1(tmp_path: Path, capsys: Capsys) -> None:
     assert tools.main_verify([str(dd.root)]) == 1
     out = capsys.readouterr().out
     assert "CORRUPT" in out and "mid_log_damage" in out and "wal/wal-" in out
-    assert "result: CORRUPT (1 problems)" in out
+    assert "result: CORRUPT (1 corrupt problem)" in out
 
 
 def test_verify_corrupt_sealed_segment_exits_1(tmp_path: Path, capsys: Capsys) -> None:

@@ -357,6 +357,14 @@ class TopicsApp:
             for name in m.names:
                 if not principal.allows_name(name):
                     raise TopicsError(403, "forbidden", f'this key may not access "{name}"')
+            if not self.ready and not m.probe:
+                # Data routes wait for recovery (API §11.2: SHOULD answer 503 too).
+                raise TopicsError(
+                    503,
+                    "not_ready",
+                    "recovery in progress",
+                    {"replay_progress": round(self.replay_progress, 4)},
+                )
             if m.route is None:
                 if m.status == 405:
                     raise TopicsError(405, "method_not_allowed", f"{method} is not allowed here")

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import posixpath
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +84,31 @@ def _existing_shard_dirs(fs: Fs, data_dir: str) -> list[str]:
     return out
 
 
+def open_and_scan(
+    fs: Fs, data_dir: str, n_shards: int, **shard_kw: Any
+) -> tuple[list[WalShard], list[ShardScan]]:
+    """Open (repairing torn tails) the current layout's shards and scan every shard dir.
+
+    Pure I/O, no engine state: safe to run in a worker thread. Raises OSError.
+    """
+    layout = shard_dirs(data_dir, n_shards)
+    scans: list[ShardScan] = []
+    shards: list[WalShard] = []
+    try:
+        for d in layout:
+            shard, found = WalShard.open(fs, d, **shard_kw)
+            shards.append(shard)
+            scans.append(found)
+        for d in _existing_shard_dirs(fs, data_dir):
+            if d not in layout:
+                scans.append(scan_shard(fs, d))  # left over from another shard count
+    except BaseException:
+        for sh in shards:
+            sh.close()
+        raise
+    return shards, scans
+
+
 def recover(
     engine: Engine,
     fs: Fs,
@@ -99,19 +124,49 @@ def recover(
     over a half-read log). `progress(fraction)` is called as frames are applied.
     """
     t0 = time.perf_counter()
+    shards, scans = open_and_scan(fs, data_dir, n_shards, **shard_kw)
     report = RecoveryReport()
-    layout = shard_dirs(data_dir, n_shards)
-    scans: list[ShardScan] = []
-    shards: list[WalShard] = []
-    for d in layout:
-        shard, found = WalShard.open(fs, d, **shard_kw)
-        shards.append(shard)
-        scans.append(found)
-    for d in _existing_shard_dirs(fs, data_dir):
-        if d not in layout:
-            scans.append(scan_shard(fs, d))  # left over from another shard count
-    report.shards = len(scans)
+    for _ in replay(engine, scans, report, progress=progress):
+        pass
+    report.seconds = time.perf_counter() - t0
+    return shards, report
 
+
+async def recover_async(
+    engine: Engine,
+    fs: Fs,
+    data_dir: str,
+    n_shards: int,
+    *,
+    progress: Callable[[float], None] | None = None,
+    **shard_kw: Any,
+) -> tuple[list[WalShard], RecoveryReport]:
+    """:func:`recover` that keeps the event loop responsive.
+
+    Shards are read in a worker thread; replay runs on the loop in slices so
+    `/v0/ready` can answer 503 with progress meanwhile.
+    """
+    import asyncio
+
+    t0 = time.perf_counter()
+    shards, scans = await asyncio.to_thread(open_and_scan, fs, data_dir, n_shards, **shard_kw)
+    report = RecoveryReport()
+    for _ in replay(engine, scans, report, progress=progress):
+        await asyncio.sleep(0)
+    report.seconds = time.perf_counter() - t0
+    return shards, report
+
+
+def replay(
+    engine: Engine,
+    scans: list[ShardScan],
+    report: RecoveryReport,
+    *,
+    progress: Callable[[float], None] | None = None,
+    slice_frames: int = 50_000,
+) -> Iterator[None]:
+    """Apply scanned frames to `engine`; yields between slices of about `slice_frames`."""
+    report.shards = len(scans)
     per_topic: dict[int, list[tuple[int, int, int, int, Frame]]] = {}
     routers: list[tuple[int, int, Frame]] = []
     for si, sc in enumerate(scans):
@@ -139,14 +194,19 @@ def recover(
     by_id: dict[int, Topic] = {}
     reserved: dict[int, int] = {}
     max_id = 0
+    since_yield = 0
     for topic_id in sorted(per_topic):
         max_id = max(max_id, topic_id)
         items = per_topic[topic_id]
         items.sort(key=lambda x: (x[0], x[1], x[2], x[3]))
         _replay_topic(engine, by_id, reserved, topic_id, [x[4] for x in items], report)
         done += len(items)
+        since_yield += len(items)
         if progress is not None:
-            progress(done / total)
+            progress(min(done / total, 0.99))
+        if since_yield >= slice_frames:
+            since_yield = 0
+            yield
 
     # Disk-class seqs are never reused: the head jumps to the durable reservation.
     for topic_id, head in reserved.items():
@@ -179,10 +239,8 @@ def recover(
         engine.routers.drain_all()
     report.topics = len(engine.topics)
     report.reserved = reserved
-    report.seconds = time.perf_counter() - t0
     if progress is not None:
         progress(1.0)
-    return shards, report
 
 
 def _replay_topic(
