@@ -94,6 +94,10 @@ class WalEntry:
     fsync_ms: float = 0.0
     error: BaseException | None = None
     index: int = 0  # shard-wide index of the entry's first frame
+    # The engine already acknowledged this entry at enqueue (disk/memory classes);
+    # if writing it fails, the shard latches read-only rather than carry on past
+    # a hole in acknowledged data.
+    acked_early: bool = False
 
 
 @dataclass
@@ -203,6 +207,9 @@ class WalShard:
         self._offset = 0
         self._next_index = 0
         self._dirty = False  # written but not yet fdatasync'ed
+        # Bytes of the active file below this offset are known durable (the last
+        # successful fdatasync covered them); see _sync_failed.
+        self._synced_offset = 0
         self._thread: threading.Thread | None = None
         self._stopped = False
 
@@ -252,6 +259,7 @@ class WalShard:
         self._file_name = found.end_file
         self._file_first = _first_index(found.end_file)
         self._offset = end
+        self._synced_offset = end
         self._next_index = found.next_index
         if found.later_files:
             fs.fsync_dir(self.dir)
@@ -277,6 +285,7 @@ class WalShard:
         self._file_name = name
         self._file_first = first_index
         self._offset = 0
+        self._synced_offset = 0
         self._next_index = first_index
         self._write_current()
         if old is not None:
@@ -374,11 +383,17 @@ class WalShard:
             return
         try:
             t0 = time.perf_counter()
+            offset = self._offset
             self._file.fdatasync()
             self.metrics.observe_fsync(int((time.perf_counter() - t0) * 1e6))
             self._dirty = False
+            self._synced_offset = offset
         except OSError as exc:
-            self._latch(f"background fdatasync failed: {exc}")
+            self._sync_failed(f"background fdatasync failed: {exc}")
+
+    def latch(self, why: str) -> None:
+        """Refuse every later submission (read-only), logging `why` once."""
+        self._latch(why)
 
     def _latch(self, why: str) -> None:
         if not self.read_only:
@@ -386,6 +401,8 @@ class WalShard:
         self.read_only = True
 
     def _fail(self, batch: list[WalEntry], exc: BaseException | None) -> None:
+        if any(e.acked_early for e in batch):
+            self._latch(f"an acknowledged (disk/memory class) write failed: {exc}")
         for e in batch:
             e.ok = False
             e.error = exc
