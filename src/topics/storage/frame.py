@@ -200,9 +200,8 @@ class FrameError(ValueError):
 Buf = bytes | bytearray | memoryview
 
 
-@dataclass(frozen=True, slots=True)
-class Frame:
-    """One decoded, checksum-valid frame.
+class Frame(NamedTuple):
+    """One decoded, checksum-valid frame (immutable; a tuple, cheap to build in bulk).
 
     `offset` is where the frame starts in the decoded buffer and `size` its whole
     length in bytes (length prefix and checksum included), so the next frame

@@ -167,27 +167,28 @@ def replay(
 ) -> Iterator[None]:
     """Apply scanned frames to `engine`; yields between slices of about `slice_frames`."""
     report.shards = len(scans)
-    per_topic: dict[int, list[tuple[int, int, int, int, Frame]]] = {}
+    # Per topic: frames in log order, and which shards they came from. A topic's
+    # frames normally sit on one shard, in run-time order already; only when the
+    # shard count changed between runs do several shards need merging by position.
+    per_topic: dict[int, list[tuple[int, int, Frame]]] = {}
+    shards_of: dict[int, set[int]] = {}
     routers: list[tuple[int, int, Frame]] = []
     for si, sc in enumerate(scans):
         if sc.torn is not None:
             report.torn.append(f"{sc.end_file}@{sc.torn.offset}: {sc.torn.reason}")
+        report.frames += len(sc.frames)
         for fi, (_name, fr) in enumerate(sc.frames):
-            report.frames += 1
-            if fr.type in (ROUTER_CREATE, ROUTER_DELETE):
+            if fr.type == ROUTER_CREATE or fr.type == ROUTER_DELETE:
                 routers.append((si, fi, fr))
                 continue
-            if fr.type == APPEND:
-                key, rank = fr.seq - 1, 1
-            elif fr.type == HEAD_WATERMARK:
-                key, rank = fr.seq, 2
-            else:
-                try:
-                    key, rank = int(fr.control().get("h", 0)), 0
-                except (FrameError, ValueError, TypeError):
-                    log.warning("skipping an undecodable control frame in shard %d", si)
-                    continue
-            per_topic.setdefault(fr.topic_id, []).append((key, rank, si, fi, fr))
+            tid = fr.topic_id
+            lst = per_topic.get(tid)
+            if lst is None:
+                per_topic[tid] = lst = []
+                shards_of[tid] = {si}
+            elif si not in shards_of[tid]:
+                shards_of[tid].add(si)
+            lst.append((si, fi, fr))
 
     total = max(report.frames, 1)
     done = 0
@@ -198,8 +199,9 @@ def replay(
     for topic_id in sorted(per_topic):
         max_id = max(max_id, topic_id)
         items = per_topic[topic_id]
-        items.sort(key=lambda x: (x[0], x[1], x[2], x[3]))
-        _replay_topic(engine, by_id, reserved, topic_id, [x[4] for x in items], report)
+        if len(shards_of[topic_id]) > 1:
+            items = _merge_by_position(items)
+        _replay_topic(engine, by_id, reserved, topic_id, [x[2] for x in items], report)
         done += len(items)
         since_yield += len(items)
         if progress is not None:
@@ -241,6 +243,27 @@ def replay(
     report.reserved = reserved
     if progress is not None:
         progress(1.0)
+
+
+def _position(fr: Frame) -> tuple[int, int]:
+    """Where a frame sits in its topic's seq space: (head position, rank)."""
+    if fr.type == APPEND:
+        return fr.seq - 1, 1
+    if fr.type == HEAD_WATERMARK:
+        return fr.seq, 2
+    try:
+        return int(fr.control().get("h", 0)), 0
+    except (FrameError, ValueError, TypeError):
+        return 0, 0
+
+
+def _merge_by_position(
+    items: list[tuple[int, int, Frame]],
+) -> list[tuple[int, int, Frame]]:
+    """Order one topic's frames from several shards by position, then shard and log order."""
+    keyed = [(*_position(fr), si, fi, (si, fi, fr)) for si, fi, fr in items]
+    keyed.sort(key=lambda x: x[:4])
+    return [x[4] for x in keyed]
 
 
 def _replay_topic(

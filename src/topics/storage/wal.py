@@ -19,10 +19,13 @@ Invariants:
 * Files are preallocated by writing zeros (cheaper `fdatasync` than a growing
   file on this machine, notes/peers-and-limits.md §1a), so the end of the log is
   the first frame whose length field is zero or whose checksum fails.
-* A failed write or sync fails every member of its batch. A failed `fdatasync`
+* A failed write or sync fails every member of its batch (except members an
+  earlier sync in the same batch already made durable). A failed `fdatasync`
   latches the shard read-only (the kernel may have dropped the dirty pages, so a
-  retry could report success for lost bytes); a failed `pwrite` rewinds the tail
-  so the next batch overwrites the partial bytes.
+  retry could report success for lost bytes) and zeroes everything written since
+  the last successful sync, so a process restart neither replays the failed batch
+  nor appends after bytes that never reached the disk; a failed `pwrite` rewinds
+  the tail so the next batch overwrites the partial bytes.
 
 Time for the periodic sync of non-`fsync` members comes from `time.monotonic`
 inside the writer thread: it only paces background work and never decides
@@ -39,6 +42,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 from topics.storage.frame import End, Frame, Torn, scan
@@ -165,7 +169,7 @@ def scan_shard(fs: Fs, d: str) -> ShardScan:
         finally:
             f.close()
         res = scan(buf)
-        frames.extend((name, fr) for fr in res.frames)
+        frames.extend(zip(repeat(name), res.frames))
         nxt = _first_index(name) + len(res.frames)
         # A rotated file ends in zeroed space; the log continues in the next file
         # only when that file starts exactly at the next frame index.
@@ -417,6 +421,8 @@ class WalShard:
             self._fail(batch, WalReadOnly(self.dir))
             return
         written: list[WalEntry] = []
+        synced = 0  # written[:synced] are durable (synced before a rotation)
+        sync_error: OSError | None = None
         i = 0
         while i < len(batch):
             room = self.file_bytes - self._offset
@@ -432,10 +438,14 @@ class WalShard:
                     i += 1
                     continue
                 try:
+                    self._sync_active()
+                    synced = len(written)
                     self._rotate()
                 except OSError as exc:
                     self._latch(f"rotation failed: {exc}")
                     self._fail(batch[i:], exc)
+                    if synced < len(written):
+                        sync_error = exc  # the full file's sync failed
                     break
                 continue
             chunk = batch[i:j]
@@ -447,21 +457,27 @@ class WalShard:
         if not written:
             return
         fsync_ms = 0.0
-        if any(e.sync for e in written):
-            try:
-                assert self._file is not None
-                t0 = time.perf_counter()
-                self._file.fdatasync()
-                dt = time.perf_counter() - t0
-                self.metrics.observe_fsync(int(dt * 1e6))
-                fsync_ms = dt * 1000
-                self._dirty = False
-            except OSError as exc:
-                self._latch(f"fdatasync failed: {exc}")
-                self._fail(written, exc)
+        if sync_error is None:
+            if any(e.sync for e in written[synced:]):
+                try:
+                    t0 = time.perf_counter()
+                    self._sync_active()
+                    dt = time.perf_counter() - t0
+                    self.metrics.observe_fsync(int(dt * 1e6))
+                    fsync_ms = dt * 1000
+                    synced = len(written)
+                except OSError as exc:
+                    sync_error = exc
+            elif synced < len(written):
+                self._dirty = True
+        if sync_error is not None:
+            # Only what a successful sync covered is acknowledged (entries synced by
+            # a rotation earlier in this batch); the rest failed, and _sync_failed
+            # cleared its bytes from the file.
+            self._fail(written[synced:], sync_error)
+            written = written[:synced]
+            if not written:
                 return
-        else:
-            self._dirty = True
         self.metrics.batches += 1
         for e in written:
             e.ok = True
@@ -500,12 +516,49 @@ class WalShard:
         return True
 
     def _rotate(self) -> None:
-        """Sync the full file and switch to a fresh preallocated one."""
+        """Switch to a fresh preallocated file (the caller synced the full one)."""
         assert self._file is not None
-        self._file.fdatasync()
-        self._dirty = False
         self._new_file(self._next_index)
         self.metrics.rotations += 1
+
+    def _sync_active(self) -> None:
+        """fdatasync the active file; on failure clear its unsynced tail (latched) and re-raise."""
+        assert self._file is not None
+        offset = self._offset
+        try:
+            self._file.fdatasync()
+        except OSError as exc:
+            self._sync_failed(f"fdatasync failed: {exc}")
+            raise
+        self._dirty = False
+        self._synced_offset = offset
+
+    def _sync_failed(self, why: str) -> None:
+        """An fdatasync of the active file failed: latch read-only, clear the unsynced tail.
+
+        After a failed fsync the kernel may drop the dirty pages yet keep serving
+        them from the page cache (fsyncgate). Left there, a *process restart*
+        would replay those bytes — resurrecting a batch that was reported failed —
+        and then append new, fsync-acked frames after bytes that never reach the
+        disk, so a later power loss would end the log before the new frames and
+        lose them. Zeroing everything written since the last successful sync
+        (best effort, then one more best-effort sync; nothing is acknowledged on
+        the strength of it) makes the page cache end the log at the last durable
+        frame; recovery re-zeroes and syncs everything after the end before it
+        appends (`_adopt`).
+        """
+        self._latch(why)
+        f = self._file
+        start, stop = self._synced_offset, self._offset
+        if f is None or stop <= start:
+            return
+        try:
+            self._zero(f, start, stop)
+            f.fdatasync()
+        except OSError as exc:
+            log.error(
+                "wal %s: cannot clear the unsynced tail [%d, %d): %s", self.dir, start, stop, exc
+            )
 
     # ------------------------------------------------------------ inspection
 
