@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -31,6 +33,24 @@ def _quiet_storage_logs(caplog: pytest.LogCaptureFixture) -> None:
     # Injected faults make the WAL log errors by design; keep them out of the report
     # unless a test fails (caplog still captures them).
     caplog.set_level(logging.CRITICAL, logger="topics")
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_writer_threads() -> Iterator[None]:
+    """Every test must stop the WAL writer threads it started (even after a crash)."""
+    before = set(threading.enumerate())
+    yield
+    deadline = time.monotonic() + 5
+    while True:
+        leaked = [
+            t
+            for t in threading.enumerate()
+            if t not in before and t.is_alive() and t.name.startswith("wal-writer")
+        ]
+        if not leaked or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    assert not leaked, f"writer threads left running: {[t.name for t in leaked]}"
 
 
 @pytest.fixture

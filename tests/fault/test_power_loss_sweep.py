@@ -102,9 +102,7 @@ def _sweep_one(
                 if not out.ok:
                     errs.append(f"write to {topic} after recovery failed: {out} [{ctx}]")
         h.crash_and_recover()
-        errs += check_oracle(
-            h, context=ctx + " after post-recovery writes", atomic_batches=atomic
-        )
+        errs += check_oracle(h, context=ctx + " after post-recovery writes", atomic_batches=atomic)
         h.close()
         return errs
     finally:
@@ -158,12 +156,119 @@ def test_torn_multi_record_batch_is_all_or_nothing() -> None:
     assert not errs, "\n".join(errs)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("flavour", CRASH_FLAVOURS, ids=flavour_id)
 def test_sweep_every_point_single_record(flavour: tuple[str, str | None, int]) -> None:
-    """The full sweep (every op) for single-record batches: the CrashMonkey-sized check."""
+    """The full sweep (every op) for single-record batches: the CrashMonkey-sized
+    check, cheap enough (~0.3 s per flavour) to run by default."""
     m = _probe(SINGLE)
     errs: list[str] = []
     for k in range(m + 1):
         errs += _sweep_one(SINGLE, k, flavour)
     assert not errs, "\n".join(errs)
+
+
+ROTATING = [("a", 1), ("b", 2), ("a", 2), ("b", 1), ("a", 1), ("a", 3), ("b", 1), ("a", 1)]
+
+
+def _rotating_workload(h: Durable) -> list[Callable[[], object]]:
+    steps: list[Callable[[], object]] = [
+        h.open,
+        lambda: h.put_topic("a", {"durability": "fsync"}),
+        lambda: h.put_topic("b", {"durability": "fsync"}),
+    ]
+    for i, (topic, n) in enumerate(ROTATING):
+        steps.append(lambda t=topic, n=n, i=i: h.write(t, make_records(f"{t}{i}", n, size=120)))
+    return steps
+
+
+@pytest.mark.parametrize("flavour", CRASH_FLAVOURS, ids=flavour_id)
+def test_sweep_across_wal_file_rotation(flavour: tuple[str, str | None, int]) -> None:
+    """1 KiB WAL files: the workload rotates several times; crash at (sampled) every op,
+    including between the full file's sync, the new file's zero-fill/sync/dir-sync
+    and the CURRENT update."""
+    errs = _rotation_sweep(flavour, samples=10)
+    assert not errs, "\n".join(errs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["subset", "torn_last"])
+def test_sweep_rotation_every_point_many_seeds(mode: str) -> None:
+    """Full tier: every crash point of the rotating workload under 12 damage seeds."""
+    errs: list[str] = []
+    damages = ["prefix", "zero_sector", "garble"] if mode == "torn_last" else [None]
+    for seed in range(100, 112):
+        damage = damages[seed % len(damages)]
+        errs += _rotation_sweep((mode, damage, seed), samples=None)
+    assert not errs, "\n".join(errs)
+
+
+def _rotation_sweep(flavour: tuple[str, str | None, int], samples: int | None) -> list[str]:
+    mode, damage, seed = flavour
+
+    def make(disk: FakeDisk) -> Durable:
+        return Durable(disk, shards=1, file_bytes=1024)
+
+    probe = FakeDisk()
+    hp = make(probe)
+    try:
+        _run(hp, _rotating_workload(hp))
+        assert all(b.ok for b in hp.history.batches)
+        assert hp.journal is not None and hp.journal.shards[0].metrics.rotations >= 2
+        hp.close()
+    finally:
+        hp.shutdown()
+    errs: list[str] = []
+    points = range(probe.ops + 1) if samples is None else crash_points(probe.ops, samples)
+    for k in points:
+        disk = FakeDisk()
+        h = make(disk)
+        try:
+            if k == 0:
+                disk.crash(mode, damage, seed)  # type: ignore[arg-type]
+            else:
+                disk.crash_after(k, mode, damage, seed)  # type: ignore[arg-type]
+            _run(h, _rotating_workload(h))
+            ctx = f"k={k} {flavour_id(flavour)} crashed after {disk.trace[-1:]}"
+            if not disk.frozen:
+                h.crash(mode, damage, seed)
+            h.crash_and_recover()
+            atomic = mode != "torn_last"
+            errs += check_oracle(h, context=ctx, atomic_batches=atomic)
+            fp = h.fingerprint()
+            for topic in ("a", "b"):
+                if topic in h.eng().topics:
+                    out = h.write(topic, make_records(f"{topic}-after", 2, size=120))
+                    if not out.ok:
+                        errs.append(f"write after recovery failed: {out.status} [{ctx}]")
+            h.crash_and_recover()
+            errs += check_oracle(h, context=ctx + " (2)", atomic_batches=atomic)
+            if not set(fp) <= set(h.fingerprint()):
+                errs.append(f"topics lost on the second recovery [{ctx}]")
+            h.close()
+        finally:
+            h.shutdown()
+    return errs
+
+
+def test_lying_fsync_loses_acks_but_never_fabricates_or_leaves_a_gap() -> None:
+    """fsync that returns success without persisting (anchors f_nfs_fsync_lies): acked
+    writes may be lost, but what survives is a dense prefix with nothing fabricated."""
+    disk = FakeDisk()
+    with Durable(disk, shards=2) as h:
+        _run(h, _workload(h, MULTI))
+        h.settle()
+        pre = list(h.history.acked())
+        disk.lying_fsync = True
+        for i in range(4):
+            assert h.write("a", make_records(f"lie{i}", 2)).ok
+        h.crash_and_recover()
+        disk.lying_fsync = False
+        errs = check_oracle(h, must_survive=(), context="lying fsync")
+        assert not errs, "\n".join(errs)
+        # Everything acked before the lies began is durable.
+        live = {(t, r["$seq"]) for t in ("a", "b") for r in h.read_all(t) or []}
+        for b in pre:
+            assert {(b.topic, s) for s in b.seqs} <= live, (
+                f"batch {b.id} acked before the lies lost"
+            )
+        h.close()

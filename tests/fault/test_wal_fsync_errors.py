@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.durable import Durable, check_oracle, make_records
+from tests.support.durable import Durable, GateFs, check_oracle, make_records
 from tests.support.fakedisk import FakeDisk, FaultFs
 
 MODES = ["once", "persistent", "fsyncgate"]
@@ -152,5 +152,61 @@ def test_fsync_eio_on_disk_reservation_rolls_back() -> None:
         assert out.ok
         h.crash_and_recover()
         errs = check_oracle(h, must_survive=("fsync", "disk"), context="reservation")
+        assert not errs, "\n".join(errs)
+        h.close()
+
+
+def _fill_to_near_end(h: Durable, file_bytes: int) -> None:
+    """Single-record fsync writes until the active file has 200..1400 bytes of room."""
+    shard = h.shard_of_topic("a")
+    i = 0
+    while file_bytes - shard.position[1] > 1400:
+        assert h.write("a", make_records(f"fill{i}", 1, size=60)).ok
+        i += 1
+    assert file_bytes - shard.position[1] >= 200
+
+
+@pytest.mark.parametrize("fail_at", ["rotation_sync", "final_sync"])
+@pytest.mark.parametrize("gate_mode", [False, True], ids=["eio", "fsyncgate"])
+def test_fsync_eio_in_a_batch_that_rotates(fail_at: str, gate_mode: bool) -> None:
+    """One group commit: W2 fits the old file, W3 forces a rotation. Fail the old file's
+    sync (nothing of W2/W3 may be acked or come back) or the final sync on the new
+    file (W2 was made durable by the rotation's sync: acked; W3 failed: gone)."""
+    file_bytes = 4096
+    disk = FakeDisk()
+    gate = GateFs(disk, "none")
+    fault = FaultFs(gate)
+    with Durable(fault, shards=1, file_bytes=file_bytes) as h:
+        h.open()
+        assert h.put_topic("a", {"durability": "fsync"})
+        _fill_to_near_end(h, file_bytes)
+        # Hold the writer inside W1's fdatasync so W2 and W3 queue into one batch.
+        gate.arm("fdatasync", 1)
+        w1 = h.submit([("a", make_records("w1", 1), None)])
+        assert gate.reached.wait(5)
+        w23 = h.submit(
+            [("a", make_records("w2", 1), None), ("a", make_records("w3", 1, size=1600), None)]
+        )
+        # fdatasyncs of the [W2, W3] batch: old file (1), new file zero-fill (2),
+        # CURRENT.tmp (3), the batch on the new file (4).
+        fault.fail("fdatasync", 1 if fail_at == "rotation_sync" else 4, "EIO", fsyncgate=gate_mode)
+        gate.release()
+        o1 = h.wait(w1)[0]
+        o2, o3 = h.wait(w23)
+        assert o1.ok
+        assert not o3.ok
+        if fail_at == "rotation_sync":
+            assert not o2.ok
+        else:
+            assert o2.ok, "W2 was made durable by the rotation's sync"
+        assert h.shard_of_topic("a").read_only
+        errs = check_oracle(h, allow_unacked=False, context="live")
+        assert not errs, "\n".join(errs)
+        h.restart(fs=disk)
+        errs = check_oracle(h, allow_unacked=False, context="after restart")
+        assert not errs, "\n".join(errs)
+        assert h.write("a", make_records("post", 1)).ok
+        h.crash_and_recover()
+        errs = check_oracle(h, allow_unacked=False, context="restart + power loss")
         assert not errs, "\n".join(errs)
         h.close()

@@ -2,7 +2,7 @@
 
 :class:`Durable` wires exactly what ``topics.cli._serve`` wires — an
 :class:`~topics.engine.core.Engine` with its router and queue layers,
-:func:`~topics.storage.recovery.recover` over the data directory, then a
+:func:`~topics.storage.recovery.recover_async` over the data directory, then a
 :class:`~topics.storage.journal.WalJournal` installed as the engine's journal —
 but on an injected :class:`~topics.storage.fs.Fs` (a
 :class:`~tests.support.fakedisk.FakeDisk`, optionally under a
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +47,7 @@ from topics.engine.topic import PendingWrite
 from topics.errors import TopicsError
 from topics.storage.fs import Fs
 from topics.storage.journal import WalJournal, shard_of
-from topics.storage.recovery import RecoveryReport, recover
+from topics.storage.recovery import RecoveryReport, recover_async
 from topics.storage.wal import WalEntry, WalReadOnly, WalShard
 
 __all__ = [
@@ -57,6 +57,7 @@ __all__ = [
     "GateFs",
     "HarnessHang",
     "History",
+    "Staged",
     "WriteOutcome",
     "check_oracle",
     "data_of",
@@ -96,6 +97,15 @@ class WriteOutcome:
         if self.first_seq is None or self.last_seq is None:
             return []
         return list(range(self.first_seq, self.last_seq + 1))
+
+
+@dataclass
+class Staged:
+    """A write submitted with :meth:`Durable.submit`, waiting for :meth:`Durable.wait`."""
+
+    out: WriteOutcome
+    pw: PendingWrite | None
+    batch: Batch | None
 
 
 @dataclass
@@ -273,9 +283,13 @@ class Durable:
         RouterSet(engine)
         Queues(engine)
         try:
-            shards, report = recover(engine, self.fs, self.data_dir, self.n_shards, **self.shard_kw)
+            # As `topics serve`: shards are opened and scanned in a worker thread,
+            # the replay runs on the loop.
+            shards, report = self.loop.run_until_complete(
+                recover_async(engine, self.fs, self.data_dir, self.n_shards, **self.shard_kw)
+            )
         except BaseException:
-            self.loop.close()
+            self._close_loop(self.loop)
             self.loop = None
             raise
         self.tracker = _Tracker()
@@ -310,13 +324,16 @@ class Durable:
             if loop is not None:
                 self._spin(loop)  # deliver completions posted during the drain
         if loop is not None:
-            loop.close()
+            self._close_loop(loop)
         self.loop = None
         self.engine = None
 
-    def crash(
-        self, mode: str = "drop_all", damage: str | None = None, seed: int = 0
-    ) -> None:
+    @staticmethod
+    def _close_loop(loop: asyncio.AbstractEventLoop) -> None:
+        loop.run_until_complete(loop.shutdown_default_executor())
+        loop.close()
+
+    def crash(self, mode: str = "drop_all", damage: str | None = None, seed: int = 0) -> None:
         """Power loss now (unless the disk already crashed), then stop the dead engine."""
         if not self.disk.frozen:
             self.disk.crash(mode, damage, seed)  # type: ignore[arg-type]
@@ -360,6 +377,10 @@ class Durable:
         return self.open()
 
     # ------------------------------------------------------------ the loop
+
+    def spin(self) -> None:
+        """Run the event loop briefly: deliver completions the writer threads posted."""
+        self._spin()
 
     def _spin(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         loop = loop or self.loop
@@ -406,6 +427,7 @@ class Durable:
         tr = self.tracker
         with tr.cond:
             failed_before = len(tr.failed)
+        self._spin()  # run loop callbacks that submit to the WAL (coalesced flushes)
         if sync:
             for s in self.journal.shards:
                 try:
@@ -475,9 +497,17 @@ class Durable:
         key: str | None = None,
     ) -> list[WriteOutcome]:
         """Submit several writes back to back (so they can share a group commit), then wait."""
+        return self.wait(self.submit(writes, key=key))
+
+    def submit(
+        self,
+        writes: Sequence[tuple[str, Sequence[Mapping[str, Any]], str | None]],
+        *,
+        key: str | None = None,
+    ) -> list[Staged]:
+        """Stage writes through ``begin_write`` without waiting (see :meth:`wait`)."""
         eng = self.eng()
-        outs: list[WriteOutcome] = []
-        staged: list[tuple[WriteOutcome, PendingWrite, Batch]] = []
+        staged: list[Staged] = []
         for topic, records, durability in writes:
             body: dict[str, Any] = {"records": [dict(r) for r in records]}
             if durability is not None and topic not in eng.topics:
@@ -486,7 +516,6 @@ class Durable:
                 body["idempotency_key"] = key
             datas = [orjson.dumps(r["data"]) for r in records]
             out = WriteOutcome(topic, False, 0, datas=datas)
-            outs.append(out)
             t = eng.topics.get(topic)
             cls = t.config.durability if t is not None else (durability or "disk")
             try:
@@ -494,12 +523,15 @@ class Durable:
                 res = eng.begin_write(topic, req)
             except TopicsError as exc:
                 out.status, out.code = exc.status, exc.code
-                self.history.add(
-                    Batch(self.history.next_id(), self.history.epoch, topic, cls, None, datas, False)
+                b = Batch(
+                    self.history.next_id(), self.history.epoch, topic, cls, None, datas, False
                 )
+                self.history.add(b)
+                staged.append(Staged(out, None, b))
                 continue
             if isinstance(res, dict):  # an idempotent replay
                 out.ok, out.status, out.ack = True, 200, res
+                staged.append(Staged(out, None, None))
                 continue
             pw = res.pending if isinstance(res, Replay) else res
             out.first_seq, out.last_seq = pw.first_seq, pw.last_seq
@@ -513,11 +545,19 @@ class Durable:
                 None,
             )
             self.history.add(b)
-            staged.append((out, pw, b))
+            staged.append(Staged(out, pw, b))
+        return staged
+
+    def wait(self, staged: Sequence[Staged]) -> list[WriteOutcome]:
+        """Run the loop until every staged write is published; fill in the outcomes."""
+        eng = self.eng()
+        live = [st for st in staged if st.pw is not None]
         try:
-            self._wait_published([pw for _, pw, _ in staged])
+            self._wait_published([st.pw for st in live if st.pw is not None])
         finally:
-            for out, pw, b in staged:
+            for st in live:
+                pw, out, b = st.pw, st.out, st.batch
+                assert pw is not None and b is not None
                 if not pw.published:
                     continue
                 b.ok = pw.ok
@@ -530,13 +570,13 @@ class Durable:
                     except TopicsError as exc:
                         out.status, out.code = exc.status, exc.code
                 b.status = out.status
-        # Control frames submitted with the write (TopicCreate) finish with it.
+        # Control frames submitted with the writes (TopicCreate) finish with them.
         self.settle()
-        if all(o.ok for o in outs):
-            for topic, _r, _d in writes:
-                t = eng.topics.get(topic)
-                if t is not None:
-                    self.history.created.setdefault(topic, t.config.durability)
+        outs = [st.out for st in staged]
+        for out in outs:
+            t = eng.topics.get(out.topic)
+            if out.ok and t is not None:
+                self.history.created.setdefault(out.topic, t.config.durability)
         return outs
 
     def delete_records(self, topic: str, body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
@@ -620,7 +660,8 @@ def check_oracle(
     * deleted never returns: no committed delete's victim is live again;
     * all-or-nothing: each batch survives whole or not at all (minus deletes);
       with ``atomic_batches=False`` an unacked batch may survive as a prefix of
-      its records (the torn-multi-frame-write weakness, see tests/fault README);
+      its records (the torn multi-frame write weakness, see
+      ``test_torn_multi_record_batch_is_all_or_nothing``);
     * acked ⇒ durable for batches whose class is in `must_survive`;
     * `allow_unacked=False`: failed batches must not be visible;
     * density (per topic and epoch): a batch that was not reported failed never
@@ -801,14 +842,3 @@ class _GateFile:
 
     def close(self) -> None:
         self.inner.close()
-
-
-def run_steps(steps: Iterable[Callable[[], object]], disk: FakeDisk) -> int:
-    """Run workload steps until the disk crashes; returns how many ran."""
-    n = 0
-    for step in steps:
-        if disk.frozen:
-            break
-        step()
-        n += 1
-    return n

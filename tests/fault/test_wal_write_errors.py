@@ -1,0 +1,183 @@
+"""Row 3 (the pwrite parts): EIO/ENOSPC/ESTALE/EAGAIN and short writes on the WAL path.
+
+* a failed ``pwrite`` never acks: the write returns 500 and nothing of it is
+  visible, now or after recovery;
+* a short write is looped until the frame is whole (acked and recovered intact);
+* a transient fault (once) leaves the shard writable: the next write succeeds;
+  a persistent one latches it read-only while reads keep working;
+* preallocation failures make open/recovery refuse to start (never a silent
+  empty start over real data) and a failed rotation keeps the prior file intact;
+* once the fault clears, recovery shows exactly the acked records.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.durable import Durable, check_oracle, make_records
+from tests.support.fakedisk import FakeDisk, FaultFs
+
+
+def _setup(shards: int = 2, **kw: object) -> tuple[FakeDisk, FaultFs, Durable]:
+    disk = FakeDisk()
+    fault = FaultFs(disk)
+    h = Durable(fault, shards=shards, **kw)  # type: ignore[arg-type]
+    h.open()
+    assert h.put_topic("a", {"durability": "fsync"})
+    assert h.put_topic("b", {"durability": "fsync"})
+    assert h.write("a", make_records("a-ok", 2)).ok
+    assert h.write("b", make_records("b-ok", 1)).ok
+    return disk, fault, h
+
+
+def _exactly_acked(h: Durable, topic: str) -> None:
+    """Live records of `topic` are exactly the acked batches' records, in order."""
+    want = [d for b in h.history.acked(topic) for d in b.datas]
+    got = [r["data"] for r in h.read_all(topic) or []]
+    import orjson
+
+    assert [orjson.dumps(g) for g in got] == want
+
+
+@pytest.mark.parametrize("kind", ["EIO", "ENOSPC", "ESTALE", "EAGAIN"])
+@pytest.mark.parametrize("persistent", [False, True], ids=["once", "always"])
+def test_pwrite_error_never_acks(kind: str, persistent: bool) -> None:
+    disk, fault, h = _setup()
+    with h:
+        before = h.read_all("a")
+        fault.fail("pwrite", 1, kind, persistent=persistent)  # type: ignore[arg-type]
+        out = h.write("a", make_records("a-bad", 2))
+        assert not out.ok and out.status == 500, out
+        assert h.read_all("a") == before, "a failed write is never visible"
+        shard = h.shard_of_topic("a")
+        if persistent:
+            # The partial bytes cannot even be cleared: the shard refuses further writes
+            # rather than append after garbage; reads keep working.
+            assert shard.read_only
+            again = h.write("a", make_records("a-again", 1))
+            assert not again.ok and again.status == 500
+            assert h.read_all("a") == before
+        else:
+            # A transient fault: the failed frames were cleared, the next write lands
+            # exactly where the failed one would have (no retry of the failed batch).
+            assert not shard.read_only
+            again = h.write("a", make_records("a-again", 1))
+            assert again.ok, again
+        errs = check_oracle(h, allow_unacked=False, context=f"{kind} live")
+        assert not errs, "\n".join(errs)
+        # The fault clears (a healthy device on the way back): exactly the acked records.
+        h.restart(fs=disk)
+        _exactly_acked(h, "a")
+        _exactly_acked(h, "b")
+        assert h.write("a", make_records("a-post", 1)).ok
+        h.crash_and_recover()
+        _exactly_acked(h, "a")
+        errs = check_oracle(h, allow_unacked=False, context=f"{kind} after recovery")
+        assert not errs, "\n".join(errs)
+        h.close()
+
+
+@pytest.mark.parametrize("keep", [None, 1, 45, 0])
+def test_short_write_is_looped_to_completion(keep: int | None) -> None:
+    """A pwrite that returns a short count is continued: the frame lands whole, acked.
+
+    A pwrite that makes no progress at all (returns 0) is an error (`write_all`
+    raises EIO instead of spinning): that write fails cleanly and the next one lands.
+    """
+    disk, fault, h = _setup()
+    with h:
+        fault.fail("pwrite", 1, "short", short_keep=keep)
+        out = h.write("a", make_records("a-short", 3, size=300))
+        assert fault.rules[0].fired == 1
+        if keep == 0:
+            assert not out.ok and out.status == 500
+            assert not h.shard_of_topic("a").read_only
+            assert h.write("a", make_records("a-next", 1)).ok
+        else:
+            assert out.ok, out
+        h.crash_and_recover(fs=disk)
+        _exactly_acked(h, "a")
+        errs = check_oracle(h, allow_unacked=False, context=f"short keep={keep}")
+        assert not errs, "\n".join(errs)
+        h.close()
+
+
+def test_persistent_short_writes_end_in_an_error_not_a_spin_or_an_ack() -> None:
+    disk, fault, h = _setup()
+    with h:
+        fault.fail("pwrite", 1, "short", persistent=True)
+        out = h.write("a", make_records("a-short", 2, size=200))
+        assert not out.ok and out.status == 500
+        # Partial bytes may be left in the page cache; they must never be replayed.
+        h.restart(fs=disk)
+        _exactly_acked(h, "a")
+        assert h.write("a", make_records("a-post", 1)).ok
+        h.crash_and_recover()
+        errs = check_oracle(h, allow_unacked=False, context="persistent short")
+        assert not errs, "\n".join(errs)
+        h.close()
+
+
+@pytest.mark.parametrize("op", ["pwrite", "fdatasync", "fsync_dir", "open", "replace", "listdir"])
+def test_open_refuses_to_start_when_the_wal_cannot_be_prepared(op: str) -> None:
+    """A fault while opening/preallocating/repairing the WAL fails recovery loudly.
+
+    Over real data: the failed start changes nothing that matters, and a healthy
+    rerun recovers every acked record.
+    """
+    disk, fault, h = _setup()
+    with h:
+        h.close()
+        fault.fail(op, 1, "EIO", persistent=True)  # type: ignore[arg-type]
+        with pytest.raises(OSError):
+            h.open()
+        assert not h.is_open
+        h.reopen(fs=disk)
+        _exactly_acked(h, "a")
+        _exactly_acked(h, "b")
+        errs = check_oracle(h, allow_unacked=False, context=f"open fault on {op}")
+        assert not errs, "\n".join(errs)
+        h.close()
+
+
+def test_fresh_data_dir_preallocation_failure_refuses_to_start() -> None:
+    disk = FakeDisk()
+    fault = FaultFs(disk, [("pwrite", 1, "ENOSPC", True)])
+    with Durable(fault) as h:
+        with pytest.raises(OSError):
+            h.open()
+        h.reopen(fs=disk)
+        assert h.put_topic("a", {"durability": "fsync"})
+        assert h.write("a", make_records("a", 1)).ok
+        h.crash_and_recover()
+        errs = check_oracle(h, context="fresh dir")
+        assert not errs, "\n".join(errs)
+        h.close()
+
+
+@pytest.mark.parametrize("kind", ["EIO", "ENOSPC"])
+def test_rotation_preallocation_failure_latches_and_keeps_the_prior_file(kind: str) -> None:
+    file_bytes = 4096
+    disk, fault, h = _setup(shards=1, file_bytes=file_bytes)
+    with h:
+        shard = h.shard_of_topic("a")
+        i = 0
+        while file_bytes - shard.position[1] > 400:
+            assert h.write("a", make_records(f"fill{i}", 1, size=100)).ok
+            i += 1
+        # The next write does not fit: rotation syncs the full file, then the new
+        # file's zero-fill (the first pwrite after this point) fails.
+        fault.fail("pwrite", 1, kind)  # type: ignore[arg-type]
+        out = h.write("a", make_records("big", 1, size=600))
+        assert not out.ok and out.status == 500
+        assert shard.read_only, "a rotation failure latches the shard"
+        assert h.shard_of_topic("b").read_only  # one shard: b shares it
+        h.restart(fs=disk)
+        _exactly_acked(h, "a")
+        _exactly_acked(h, "b")
+        assert h.write("a", make_records("post", 1, size=600)).ok
+        h.crash_and_recover()
+        _exactly_acked(h, "a")
+        errs = check_oracle(h, allow_unacked=False, context=f"rotation {kind}")
+        assert not errs, "\n".join(errs)
+        h.close()
