@@ -37,7 +37,7 @@ async def _serve(cfg: ServerConfig) -> int:
     from topics.http.app import TopicsApp
     from topics.http.server import start_server
     from topics.storage.fs import RealFs
-    from topics.storage.journal import WalJournal
+    from topics.storage.journal import WalJournal, exact_head_topics
     from topics.storage.lock import DataDirLock, DataDirLocked
     from topics.storage.recovery import recover_async
 
@@ -79,6 +79,7 @@ async def _serve(cfg: ServerConfig) -> int:
     )
     journal = WalJournal(shards, asyncio.get_running_loop(), reserved=report.reserved)
     journal.topic_ids = lambda n: engine.topics[n].topic_id if n in engine.topics else 0
+    journal.topics = lambda: exact_head_topics(engine)
     engine.journal = journal
 
     async def close_storage(_app: TopicsApp) -> None:

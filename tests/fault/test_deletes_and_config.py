@@ -186,12 +186,6 @@ def test_router_dest_survives_restart_unchanged() -> None:
         h.close()
 
 
-@pytest.mark.xfail(
-    reason="BUG: Engine._register adds the topic before journal.topic_created, so a "
-    "create refused by a read-only WAL (500) leaves an in-memory topic that is not "
-    "logged (and vanishes on restart); same for auto-create by a failed write",
-    strict=True,
-)
 @pytest.mark.parametrize("how", ["put_topic", "auto_create"])
 def test_refused_create_leaves_no_orphan_topic(how: str) -> None:
     disk = FakeDisk()

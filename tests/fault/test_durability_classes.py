@@ -211,12 +211,6 @@ def test_mixed_class_crash_sweep(flavour: tuple[str, str | None, int]) -> None:
     assert not errs, "\n".join(errs)
 
 
-@pytest.mark.xfail(
-    reason="BUG: recovery pads a disk topic's head to its reservation (+256 holes) even "
-    "after a clean shutdown; with cap_records < 256 the seq window then evicts every "
-    "acked record and readers get a false `cap` tombstone",
-    strict=True,
-)
 def test_disk_topic_with_cap_keeps_records_across_clean_restart() -> None:
     disk = FakeDisk()
     with Durable(disk, shards=1) as h:
@@ -229,11 +223,6 @@ def test_disk_topic_with_cap_keeps_records_across_clean_restart() -> None:
         h.close()
 
 
-@pytest.mark.xfail(
-    reason="gap vs SEMANTICS §14: an ephemeral topic's head is not preserved across a "
-    "clean restart (no shutdown snapshot yet), so seqs are re-issued",
-    strict=True,
-)
 def test_ephemeral_head_preserved_across_clean_restart() -> None:
     disk = FakeDisk()
     with Durable(disk, shards=1) as h:

@@ -133,11 +133,6 @@ def test_sweep_multi_record_batches_power_loss(flavour: tuple[str, str | None, i
     assert not errs, "\n".join(errs)
 
 
-@pytest.mark.xfail(
-    reason="BUG: WAL frames of one multi-record write carry no batch marker; a torn "
-    "write that keeps the first frame(s) replays part of an unacked batch",
-    strict=True,
-)
 def test_torn_multi_record_batch_is_all_or_nothing() -> None:
     """SEMANTICS §19.3: a write is all-or-nothing, even when its pwrite is torn."""
     errs: list[str] = []

@@ -46,7 +46,7 @@ from topics.engine.routers import RouterSet
 from topics.engine.topic import PendingWrite
 from topics.errors import TopicsError
 from topics.storage.fs import Fs
-from topics.storage.journal import WalJournal, shard_of
+from topics.storage.journal import WalJournal, exact_head_topics, shard_of
 from topics.storage.recovery import RecoveryReport, recover_async
 from topics.storage.wal import WalEntry, WalReadOnly, WalShard
 
@@ -297,6 +297,7 @@ class Durable:
             self.tracker.wrap(s)
         journal = WalJournal(shards, self.loop, reserved=report.reserved)
         journal.topic_ids = lambda n: engine.topics[n].topic_id if n in engine.topics else 0
+        journal.topics = lambda: exact_head_topics(engine)
         engine.journal = journal
         self.engine, self.journal, self.report = engine, journal, report
         self.history.epoch += 1

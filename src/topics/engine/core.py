@@ -179,9 +179,10 @@ class Engine:
             self.journal.evict_watermark(t)
 
     def _register(self, t: Topic) -> None:
+        # Log first: a create the journal refuses must leave no in-memory topic.
+        self.journal.topic_created(t)
         self.next_topic_id = max(self.next_topic_id, t.topic_id + 1)
         self.topics[t.name] = t
-        self.journal.topic_created(t)
         self.on_topic_created(t)
 
     def ensure_topic(self, name: str) -> tuple[Topic, bool]:

@@ -151,6 +151,7 @@ F_HAS_TAG = 0x01
 F_HAS_NODE = 0x02
 F_DURABLE = 0x04
 F_HAS_META = 0x08  # ours: Append payload is meta_len u32 | meta | data
+F_BATCH_MORE = 0x10  # ours: more frames of the same write follow this one
 
 # -- layouts -------------------------------------------------------------------
 
@@ -436,10 +437,14 @@ def encode_appends(
     last_node: str | None = None
     last_nb = b""
     seq = first_seq
+    records = list(records)
+    last = first_seq + len(records) - 1
     try:
         for r in records:
             data, meta, node, tag = r[0], r[1], r[2], r[3]
-            flags = base
+            # Every frame but the last of a write says "more follow", so recovery can
+            # drop a write torn part way through (batches are all-or-nothing).
+            flags = base | F_BATCH_MORE if seq != last else base
             if node is None:
                 nb = b""
             else:

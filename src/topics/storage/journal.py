@@ -28,7 +28,7 @@ import asyncio
 import logging
 import posixpath
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import xxhash
@@ -51,12 +51,13 @@ from topics.storage.fs import Fs
 from topics.storage.wal import WalEntry, WalFull, WalMetrics, WalReadOnly, WalShard
 
 if TYPE_CHECKING:
+    from topics.engine.core import Engine
     from topics.engine.params import Predicate
     from topics.engine.routers import Router
     from topics.engine.topic import PendingWrite, Topic
     from topics.engine.topic_config import TopicConfig
 
-__all__ = ["WalJournal", "shard_dirs", "shard_of", "HEAD_RESERVATION"]
+__all__ = ["WalJournal", "shard_dirs", "shard_of", "exact_head_topics", "HEAD_RESERVATION"]
 
 log = logging.getLogger("topics.journal")
 
@@ -98,6 +99,8 @@ class WalJournal:
         self._coalesce_frames: dict[int, int] = {}
         self._flush_scheduled = False
         self._prereserving: set[int] = set()
+        # The live topics, for the exact-head markers of a clean close (set by the owner).
+        self.topics: Callable[[], Iterable[Topic]] = lambda: ()
         # name -> live topic id, for router frames (set by whoever owns the engine).
         self.topic_ids: Callable[[str], int] = lambda name: 0
 
@@ -312,9 +315,28 @@ class WalJournal:
     # ------------------------------------------------------------ lifecycle
 
     def close(self) -> None:
-        """Drain and sync every shard, then stop their writer threads."""
+        """Log exact heads, drain and sync every shard, then stop their writer threads.
+
+        A clean stop records each `disk` and `ephemeral` topic's exact head, so
+        the next start neither pads a disk topic to its reservation nor re-issues
+        an ephemeral topic's seqs (SEMANTICS §14, "after clean restart").
+        """
         if self._coalesce:
             self.flush()
+        for t in list(self.topics()):
+            cls = t.config.durability
+            if cls in ("disk", "ephemeral") and t.head_seq and t.alive:
+                try:
+                    self._control(
+                        self._shard(t.topic_id),
+                        HEAD_WATERMARK,
+                        t.topic_id,
+                        {"exact": True},
+                        seq=t.head_seq,
+                        ts=t.last_ts,
+                    )
+                except TopicsError:
+                    pass  # read-only: the next start pads, as after a crash
         for s in self.shards:
             s.close()
 
@@ -378,6 +400,16 @@ class WalJournal:
         out.append(f"{name}_sum {j['fsync_micros_total']}")
         out.append(f"{name}_count {j['fsync_count']}")
         return out
+
+
+def exact_head_topics(engine: Engine) -> list[Topic]:
+    """Topics whose exact head a clean stop records: all but router destinations.
+
+    A destination's head counts derived copies, which are not in the WAL; recovery
+    re-derives them at the same seqs only if its head is not padded over them.
+    """
+    routers = engine.routers
+    return [t for t in engine.topics.values() if routers is None or not routers.feeding(t.name)]
 
 
 def _log_failure(e: WalEntry, ok: bool, fsync_ms: float) -> None:

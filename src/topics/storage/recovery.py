@@ -213,7 +213,7 @@ def replay(
     # Disk-class seqs are never reused: the head jumps to the durable reservation.
     for topic_id, head in reserved.items():
         t = by_id.get(topic_id)
-        if t is not None and t.alive and t.config.durability == "disk":
+        if t is not None and t.alive and t.config.durability in ("disk", "ephemeral"):
             t.reserve_head(head, t.last_ts)
     engine.next_topic_id = max(engine.next_topic_id, max_id + 1)
     now = engine.clock.now_ms()
@@ -294,7 +294,13 @@ def _replay_topic(
         _flush_run(by_id.get(topic_id), run_first, run_ts, run, report)
         run = []
         if fr.type == HEAD_WATERMARK:
-            reserved[topic_id] = max(reserved.get(topic_id, 0), fr.seq)
+            exact = False
+            try:
+                exact = bool(fr.control().get("exact"))
+            except FrameError:
+                pass
+            # A clean stop logs the exact head; a reservation only ever raises it.
+            reserved[topic_id] = fr.seq if exact else max(reserved.get(topic_id, 0), fr.seq)
         else:
             _apply_control(engine, by_id, topic_id, fr)
     _flush_run(by_id.get(topic_id), run_first, run_ts, run, report)

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any
 
-from topics.storage.frame import End, Frame, Torn, scan
+from topics.storage.frame import APPEND, F_BATCH_MORE, End, Frame, Torn, scan
 from topics.storage.fs import File, Fs, write_all
 
 __all__ = [
@@ -175,7 +175,22 @@ def scan_shard(fs: Fs, d: str) -> ShardScan:
         # only when that file starts exactly at the next frame index.
         last = i == len(files) - 1
         if res.torn is not None or last or _first_index(files[i + 1]) != nxt:
-            return ShardScan(frames, name, res.end_offset, nxt, res.torn, files[i + 1 :])
+            end, torn = res.end_offset, res.torn
+            # A write torn part way through leaves valid frames still flagged "more
+            # follow": drop them, so the whole write is gone (all-or-nothing).
+            cut = 0
+            while (
+                cut < len(res.frames)
+                and res.frames[-1 - cut].type == APPEND
+                and res.frames[-1 - cut].flags & F_BATCH_MORE
+            ):
+                cut += 1
+            if cut:
+                end = res.frames[-cut].offset
+                del frames[-cut:]
+                nxt -= cut
+                torn = Torn(end, "incomplete write")
+            return ShardScan(frames, name, end, nxt, torn, files[i + 1 :])
     raise AssertionError("unreachable")  # pragma: no cover
 
 
