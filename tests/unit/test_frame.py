@@ -243,7 +243,7 @@ def test_encode_frame_derives_node_tag_flags() -> None:
     assert f.flags == 0 and f.node is None and f.tag is None
 
 
-def test_encode_appends_equals_per_record_encoding() -> None:
+def test_encode_appends_marks_all_but_the_last_frame_of_a_write() -> None:
     recs = [
         NewRecord(DATA, None, None, None, len(DATA)),
         NewRecord(DATA, META, "n1", None, 1),
@@ -254,12 +254,19 @@ def test_encode_appends_equals_per_record_encoding() -> None:
     ]
     for durable in (False, True):
         batch = F.encode_appends(5, 100, TS, recs, durable)
-        want = b"".join(
+        res = F.scan(batch)
+        # Every frame but the last says "more of this write follows" (batch marker).
+        assert [bool(f.flags & F.F_BATCH_MORE) for f in res.frames] == [True] * 5 + [False]
+        # Apart from that flag (and so the checksum) the bytes match per-record encoding.
+        singles = [
             F.encode_append(5, 100 + i, TS, r.node, r.tag, r.data, r.meta, durable=durable)
             for i, r in enumerate(recs)
-        )
-        assert batch == want
-        res = F.scan(batch)
+        ]
+        assert singles[-1] == batch[res.frames[-1].offset :]
+        for f, one in zip(res.frames[:-1], singles[:-1], strict=True):
+            got = bytearray(batch[f.offset : f.offset + f.size])
+            got[5] &= ~F.F_BATCH_MORE & 0xFF
+            assert got[:-8] == one[:-8]
         assert res.torn is None and res.end_offset == len(batch)
         assert [(f.seq, f.node, f.tag, f.data, f.meta) for f in res.frames] == [
             (100 + i, r.node, r.tag, r.data, r.meta) for i, r in enumerate(recs)
