@@ -17,7 +17,7 @@ import httpx
 import orjson
 import pytest
 from tests.support.harness import Harness, assert_error
-from tests.support.live import live_app
+from tests.support.live import Sse, live_app
 
 from topics.http.app import TopicsApp
 
@@ -611,36 +611,6 @@ def run(fn: Callable[[], Awaitable[None]], caplog: pytest.LogCaptureFixture) -> 
         asyncio.run(main())
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert not errors, [r.getMessage() for r in errors]
-
-
-class Sse:
-    """Parses an httpx streaming response into SSE blocks."""
-
-    def __init__(self, resp: httpx.Response) -> None:
-        self.resp = resp
-        self.lines = resp.aiter_lines()
-
-    async def block(self) -> dict[str, Any] | None:
-        out: dict[str, Any] = {}
-        async for line in self.lines:
-            if line == "":
-                if out:
-                    return out
-                continue
-            if line.startswith(":"):
-                out["comment"] = line[1:].strip()
-                continue
-            k, _, v = line.partition(":")
-            v = v[1:] if v.startswith(" ") else v
-            out[k] = orjson.loads(v) if k == "data" else v
-        return out or None
-
-    async def event(self) -> dict[str, Any]:
-        while True:
-            b = await self.block()
-            assert b is not None, "stream ended"
-            if "event" in b:
-                return b
 
 
 async def eventually(cond: Callable[[], Awaitable[bool]], timeout: float = 5.0) -> None:

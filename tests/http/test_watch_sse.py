@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from tests.support.live import live_app
+from tests.support.live import Sse, live_app
 
 from topics.http.app import TopicsApp
 from topics.http.watch import Waker
@@ -56,44 +56,6 @@ async def watch(c: httpx.AsyncClient, body: dict[str, Any], **kw: Any) -> dict[s
 def decode_id(i: str) -> dict[str, int]:
     out: dict[str, int] = orjson.loads(base64.urlsafe_b64decode(i + "=" * (-len(i) % 4)))
     return out
-
-
-class Sse:
-    """Parses an httpx streaming response into SSE blocks."""
-
-    def __init__(self, resp: httpx.Response) -> None:
-        self.resp = resp
-        self.lines = resp.aiter_lines()
-
-    async def block(self) -> dict[str, Any] | None:
-        """The next block: {"id","event","data","comment","retry"} subset; None at EOF."""
-        out: dict[str, Any] = {}
-        async for line in self.lines:
-            if line == "":
-                if out:
-                    return out
-                continue
-            if line.startswith(":"):
-                out["comment"] = line[1:].strip()
-                continue
-            k, _, v = line.partition(":")
-            v = v[1:] if v.startswith(" ") else v
-            if k == "data":
-                out["data"] = orjson.loads(v)
-            else:
-                out[k] = v
-        return out or None
-
-    async def event(self) -> dict[str, Any]:
-        """The next frame, skipping heartbeats and the retry line."""
-        while True:
-            b = await self.block()
-            assert b is not None, "stream ended"
-            if "event" in b:
-                return b
-
-    async def events(self, n: int) -> list[dict[str, Any]]:
-        return [await self.event() for _ in range(n)]
 
 
 @contextlib.asynccontextmanager

@@ -12,13 +12,14 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import httpx
+import orjson
 from websockets.asyncio.client import connect
 
 from topics.config import load_config
 from topics.http.app import TopicsApp
 from topics.http.server import start_server
 
-__all__ = ["LiveServer", "live_app"]
+__all__ = ["LiveServer", "Sse", "live_app"]
 
 
 class LiveServer:
@@ -47,3 +48,41 @@ async def live_app(env: Mapping[str, str] | None = None) -> AsyncIterator[LiveSe
     finally:
         await srv.http.aclose()
         await handle.stop()
+
+
+class Sse:
+    """Parses an httpx streaming response into SSE blocks."""
+
+    def __init__(self, resp: httpx.Response) -> None:
+        self.resp = resp
+        self.lines = resp.aiter_lines()
+
+    async def block(self) -> dict[str, Any] | None:
+        """The next block: {"id","event","data","comment","retry"} subset; None at EOF."""
+        out: dict[str, Any] = {}
+        async for line in self.lines:
+            if line == "":
+                if out:
+                    return out
+                continue
+            if line.startswith(":"):
+                out["comment"] = line[1:].strip()
+                continue
+            k, _, v = line.partition(":")
+            v = v[1:] if v.startswith(" ") else v
+            if k == "data":
+                out["data"] = orjson.loads(v)
+            else:
+                out[k] = v
+        return out or None
+
+    async def event(self) -> dict[str, Any]:
+        """The next frame, skipping heartbeats and the retry line."""
+        while True:
+            b = await self.block()
+            assert b is not None, "stream ended"
+            if "event" in b:
+                return b
+
+    async def events(self, n: int) -> list[dict[str, Any]]:
+        return [await self.event() for _ in range(n)]
