@@ -191,12 +191,6 @@ def test_damaged_frame_ends_the_log_there(damage: str, where: str) -> None:
         h.close()
 
 
-@pytest.mark.xfail(
-    reason="weakness (anchors §3.16 #6): a zeroed frame in the middle of the log looks "
-    "like the preallocated end; the valid frames after it are zeroed by the repair "
-    "without any report",
-    strict=True,
-)
 def test_midlog_zeroed_frame_loss_is_reported() -> None:
     disk, h, path, frames = _build()
     with h:

@@ -190,6 +190,11 @@ def scan_shard(fs: Fs, d: str) -> ShardScan:
                 del frames[-cut:]
                 nxt -= cut
                 torn = Torn(end, "incomplete write")
+            if torn is None and buf.count(0, end) != len(buf) - end:
+                # The log ended on a zero length, yet bytes follow: a zeroed frame hid
+                # later data (files are zero-filled, so nothing else leaves bytes
+                # there). Report it rather than let the repair erase it silently.
+                torn = Torn(end, "data after a zeroed frame")
             return ShardScan(frames, name, end, nxt, torn, files[i + 1 :])
     raise AssertionError("unreachable")  # pragma: no cover
 
@@ -268,8 +273,9 @@ class WalShard:
                 found.torn.reason,
             )
         # Zero everything after the last valid frame so the next scan ends there.
+        # (With no torn frame the scan has checked that the tail is zeros already.)
         end = found.end_offset
-        if end < size:
+        if end < size and found.torn is not None:
             self._zero(f, end, size)
         if size < self.file_bytes:
             self._zero(f, size, self.file_bytes)
