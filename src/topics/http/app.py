@@ -375,6 +375,13 @@ class TopicsApp:
             if not is_ws and m.route.body != BODY_NONE:
                 await self._read_body(ctx, m.route.body)
             resp = await m.route.handler(ctx)
+            if resp is not None and resp.status < 300 and method != "GET":
+                # Acknowledge a mutation only once the control frames it logged
+                # (config, deletes, routers, leases) are durable.
+                journal = self.engine.journal
+                pending = getattr(journal, "has_pending_controls", None)
+                if pending is not None and pending():
+                    await journal.barrier()  # type: ignore[attr-defined]
         except TopicsError as err:
             if is_ws:
                 await self._ws_reject(send, err)

@@ -99,6 +99,7 @@ class WalJournal:
         self._coalesce_frames: dict[int, int] = {}
         self._flush_scheduled = False
         self._prereserving: set[int] = set()
+        self._pending_controls: list[asyncio.Future[bool]] = []
         # The live topics, for the exact-head markers of a clean close (set by the owner).
         self.topics: Callable[[], Iterable[Topic]] = lambda: ()
         # name -> live topic id, for router frames (set by whoever owns the engine).
@@ -132,7 +133,18 @@ class WalJournal:
         done: Callable[[WalEntry, bool, float], None] | None = None,
     ) -> None:
         data = encode_control(typ, topic_id, body, seq=seq, ts=ts, durable=sync)
-        self._submit(shard, WalEntry(data, 1, sync, done or _log_failure))
+        if done is None:
+            # Track it, so the request that caused it can wait for it (barrier()).
+            fut: asyncio.Future[bool] = self.loop.create_future()
+            loop = self.loop
+
+            def done(e: WalEntry, ok: bool, fsync_ms: float) -> None:
+                if not ok:
+                    _log_failure(e, ok, fsync_ms)
+                loop.call_soon_threadsafe(_settle, fut, ok)
+
+            self._pending_controls.append(fut)
+        self._submit(shard, WalEntry(data, 1, sync, done))
 
     def _topic_control(self, t: Topic, typ: int, body: dict[str, Any], **kw: Any) -> None:
         body["h"] = t.head_seq
@@ -194,6 +206,26 @@ class WalJournal:
         except TopicsError:
             self.reserved[t.topic_id] = reserved_before
             raise
+
+    def has_pending_controls(self) -> bool:
+        """True while control frames logged on this loop have not completed."""
+        pend = self._pending_controls
+        if pend and pend[0].done():
+            self._pending_controls = pend = [f for f in pend if not f.done()]
+        return bool(pend)
+
+    async def barrier(self) -> None:
+        """Wait until every control frame logged so far is durable (or failed).
+
+        Raises `500 internal` when one of them could not be logged: the change it
+        described is not durable, so the request must not be acknowledged.
+        """
+        pend, self._pending_controls = self._pending_controls, []
+        if not pend:
+            return
+        results = await asyncio.gather(*pend)
+        if not all(results):
+            raise TopicsError(500, "internal", "the change could not be written to the log")
 
     def _prereserve(self, topic_id: int, res: int, ts: int) -> None:
         self._prereserving.add(topic_id)
@@ -400,6 +432,11 @@ class WalJournal:
         out.append(f"{name}_sum {j['fsync_micros_total']}")
         out.append(f"{name}_count {j['fsync_count']}")
         return out
+
+
+def _settle(fut: asyncio.Future[bool], ok: bool) -> None:
+    if not fut.done():
+        fut.set_result(ok)
 
 
 def exact_head_topics(engine: Engine) -> list[Topic]:
