@@ -234,3 +234,20 @@ def test_ephemeral_head_preserved_across_clean_restart() -> None:
         out = h.write("e", make_records("e2", 1))
         assert out.first_seq == 4
         h.close()
+
+
+def test_batch_larger_than_a_wal_file_is_refused_before_it_is_acknowledged() -> None:
+    """A write is one WAL entry and entries never span files: an oversized `disk`
+    batch must be refused up front (413), not acknowledged and then latch the shard."""
+    disk = FakeDisk()
+    with Durable(disk, shards=1, file_bytes=8 * 1024) as h:
+        h.open()
+        assert h.put_topic("d1", {"durability": "disk"})
+        assert h.put_topic("f1", {"durability": "fsync"})
+        assert h.write("d1", make_records("small", 1)).ok
+        big = [{"data": "x" * 2500} for _ in range(4)]
+        out = h.write("d1", big)
+        assert not out.ok and out.status == 413
+        assert h.write("f1", make_records("after", 1)).ok  # the shard still works
+        assert h.write("d1", make_records("after", 1)).ok
+        h.close()

@@ -159,6 +159,15 @@ class WalJournal:
             t.complete(pw, True)
             return
         data = encode_appends(t.topic_id, pw.first_seq, pw.ts, pw.records, cls == "fsync")
+        shard = self._shard(t.topic_id)
+        if len(data) + 128 > shard.file_bytes:
+            # A write is one WAL entry and entries never span files: refuse it before
+            # anything is acknowledged.
+            raise TopicsError(
+                413,
+                "payload_too_large",
+                f"the batch is {len(data)} bytes in the log; one WAL file holds {shard.file_bytes}",
+            )
         frames = len(pw.records)
         sync = cls == "fsync"
         reserved_before = self.reserved.get(t.topic_id, 0)
@@ -255,14 +264,27 @@ class WalJournal:
         pending, self._coalesce = self._coalesce, {}
         counts, self._coalesce_frames = self._coalesce_frames, {}
         for si, chunks in pending.items():
-            data = b"".join(chunks) if len(chunks) > 1 else chunks[0]
-            try:
-                self.shards[si].submit(
-                    WalEntry(data, counts[si], False, _log_failure, acked_early=True)
-                )
-            except (WalFull, WalReadOnly) as exc:
-                # Already acknowledged: the shard must not carry on past this hole.
-                self.shards[si].latch(f"could not queue acknowledged frames: {exc!r}")
+            shard = self.shards[si]
+            # Entries never span WAL files: group the chunks into entries that fit one.
+            groups: list[list[bytes]] = [[]]
+            size = 0
+            for c in chunks:
+                if groups[-1] and size + len(c) > shard.file_bytes:
+                    groups.append([])
+                    size = 0
+                groups[-1].append(c)
+                size += len(c)
+            n_frames = counts[si]
+            for g in groups:
+                data = b"".join(g) if len(g) > 1 else g[0]
+                # Frame counts only feed the shard's frame index; give the rest to the last.
+                frames = _count_frames(data) if len(groups) > 1 else n_frames
+                try:
+                    shard.submit(WalEntry(data, frames, False, _log_failure, acked_early=True))
+                except (WalFull, WalReadOnly) as exc:
+                    # Already acknowledged: the shard must not carry on past this hole.
+                    shard.latch(f"could not queue acknowledged frames: {exc!r}")
+                    break
 
     def _write_done(self, pw: PendingWrite, ok: bool, fsync_ms: float, reserved: int) -> None:
         t = pw.topic
@@ -432,6 +454,17 @@ class WalJournal:
         out.append(f"{name}_sum {j['fsync_micros_total']}")
         out.append(f"{name}_count {j['fsync_count']}")
         return out
+
+
+def _count_frames(data: bytes) -> int:
+    """Number of frames in a run of well-formed frames (length prefixes only)."""
+    n = 0
+    off = 0
+    end = len(data)
+    while off < end:
+        off += 4 + int.from_bytes(data[off : off + 4], "little")
+        n += 1
+    return n
 
 
 def _settle(fut: asyncio.Future[bool], ok: bool) -> None:
