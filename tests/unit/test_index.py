@@ -26,14 +26,13 @@ def test_idx_entry_is_twenty_bytes_little_endian() -> None:
 
 def test_append_pop_and_lookup() -> None:
     idx = SlotIndex(1, capacity=4)
-    idx.append_rows(rows(10), list(range(10)))
+    idx.append_rows(rows(10))
     assert len(idx) == 10 and idx.end_seq == 10
     idx.pop_front(3)
     assert idx.base_seq == 4 and len(idx) == 7
-    assert idx.payload(0) == 3 and int(idx.view()["bytes"][0]) == 4
-    idx.append_one(9, 0, 0, 99, 0, "x")
-    assert idx.end_seq == 11 and idx.payload(7) == "x"
-    assert idx.payload_slice(6, 2) == [9, "x"]
+    assert int(idx.view()["bytes"][0]) == 4
+    idx.append_rows(rows(1, ts=9))
+    assert idx.end_seq == 11 and int(idx.window(7, 1)["ts"][0]) == 9
     idx.pop_front(100)
     assert len(idx) == 0 and idx.base_seq == 12
 
@@ -41,17 +40,24 @@ def test_append_pop_and_lookup() -> None:
 def test_growth_keeps_window_consistent() -> None:
     idx = SlotIndex(1, capacity=2)
     for i in range(1000):
-        idx.append_rows(rows(1, ts=i), [i])
+        idx.append_rows(rows(1, ts=i))
         if i % 3 == 0:
             idx.pop_front(1)
     n = len(idx)
     assert idx.base_seq + n - 1 == 1000
-    assert idx.payload_slice(0, n) == list(range(1000 - n, 1000))
     assert list(idx.view()["ts"]) == list(range(1000 - n, 1000))
 
 
 def test_clear_to() -> None:
     idx = SlotIndex(1)
-    idx.append_rows(rows(5), [0] * 5)
+    idx.append_rows(rows(5))
     idx.clear_to(42)
     assert len(idx) == 0 and idx.base_seq == 42 and idx.end_seq == 41
+
+
+def test_from_rows_adopts_the_array() -> None:
+    r = rows(3, ts=7)
+    idx = SlotIndex.from_rows(10, r)
+    assert len(idx) == 3 and idx.base_seq == 10 and idx.end_seq == 12
+    idx.append_rows(rows(2, ts=8))
+    assert list(idx.view()["ts"]) == [7, 7, 7, 8, 8]

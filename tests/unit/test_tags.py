@@ -1,4 +1,4 @@
-"""TagIndex: Eq point lookups and Glob prefix range scans over live seqs."""
+"""TagIndex: Eq point lookups, Glob prefix range scans, front reclaim by heap."""
 
 from __future__ import annotations
 
@@ -13,13 +13,22 @@ def test_eq_prefix_and_bounds() -> None:
     assert t.prefix("a", 100) == [1, 2, 4, 5, 6]
     assert t.prefix("ab", 6) == [2, 5]
     assert t.prefix("", 100) == [1, 2, 3, 4, 5, 6]
-    t.remove("a", 1)
-    t.remove("a", 99)
-    assert t.eq("a", 100) == [4]
-    t.remove_upto("ab", 5)
-    assert t.eq("ab", 100) == [6]
-    t.remove("ab", 6)
-    assert "ab" not in t._keys and len(t) == 3
+    t.drop_upto(1)
+    assert t.eq("a", 100) == [4] and t.prefix("", 100) == [2, 3, 4, 5, 6]
+    t.drop_upto(5)
+    assert t.eq("ab", 100) == [6] and t.eq("abc", 100) == []
+    assert "abc" not in t._keys and len(t) == 1
+    t.drop_upto(6)
+    assert len(t) == 0 and t._keys == [] and t._heads == []
+
+
+def test_drop_upto_touches_only_tags_with_old_postings() -> None:
+    t = TagIndex()
+    for i in range(1, 1001):
+        t.add(f"k{i % 10}", i)
+    t.drop_upto(995)
+    assert sorted(s for k in list(t._post) for s in t.eq(k, 10_000)) == list(range(996, 1001))
+    assert len(t) == 5 and len(t._heads) == 5
 
 
 def test_unicode_prefix_is_bytewise_ordered() -> None:

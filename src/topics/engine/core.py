@@ -395,9 +395,13 @@ class Engine:
             self.drain_into(t)
             t.apply_retention(now)
         self.admit(t, req.records)
-        if created:
-            self._register(t)
         pw = t.stage(req.records, now, key)
+        if created:
+            try:
+                self._register(t)
+            except BaseException:
+                t.unstage(pw)
+                raise
         pw.created = created
         if key is not None:
             t.dedupe_pending[key] = pw

@@ -3,22 +3,29 @@
 Slot `i` holds seq `base_seq + i`; lookup is arithmetic, never a hash. The first
 four fields mirror the 20-byte `.idx` entry of the segment seed
 (`offset u32, len u32, ts u64, flags u8` + 3 pad bytes); the rest are in-memory
-only: `loc` (which segment file, or the WAL / memory sentinels), `hops` (router
-hop count), `bytes` (payload bytes for accounting, 0 once deleted) and `node`
-(interned node id, 0 = none) so reads can filter by node without touching
-payloads.
+only:
 
-Payload objects for the same slots live in a parallel Python list that shares the
-array's start offset; both are compacted together.
+* `loc` - where the record's frame lives: a segment or an in-memory chunk of
+  WAL-encoded frames, both registered in the topic's source table
+  (:mod:`topics.engine.frames`), or :data:`LOC_HOLE` for a seq that never had
+  a record (failed write, padding, trim hole);
+* `hops` - router hop count (0 for records loaded from disk);
+* `bytes` - payload bytes for accounting (`data` + `meta`, SEMANTICS §1.3; 0
+  once deleted);
+* `node` - interned node id, 0 = no node, :data:`NODE_UNKNOWN` = the frame
+  has a node that has not been read yet (records loaded from disk).
 
-Flags: bit0 has_tag, bit1 has_node, bit2 durable; the whole byte equal to
-:data:`DELETED` (0xD5) marks a deleted slot, the value the seed flips in a sealed
-segment's `.idx` (SEMANTICS §17).
+`offset`/`len` locate the frame inside its source. `flags` is the frame's own
+flags byte (bit0 has_tag, bit1 has_node, bit2 durable, bit3 has_meta), or
+:data:`DELETED` (0xD5), the value the seed flips in a sealed segment's `.idx`
+(SEMANTICS §17). No frame ever carries 0xD5 (bits 6 and 7 are unused).
+
+Memory: 30 bytes a slot, and the array grows by a quarter when full, so a topic
+costs at most about 38 bytes per retained seq (DESIGN §3: bounded by the entry
+count, not by payload volume).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -26,22 +33,30 @@ import numpy.typing as npt
 __all__ = [
     "SLOT_DTYPE",
     "IDX_ENTRY_DTYPE",
+    "SlotArray",
     "SlotIndex",
     "DELETED",
     "F_HAS_TAG",
     "F_HAS_NODE",
     "F_DURABLE",
-    "LOC_MEMORY",
-    "LOC_WAL",
+    "F_HAS_META",
+    "F_RECORD_MASK",
+    "LOC_HOLE",
+    "NODE_UNKNOWN",
 ]
 
 F_HAS_TAG = 0x01
 F_HAS_NODE = 0x02
 F_DURABLE = 0x04
+F_HAS_META = 0x08
+#: Flags that change how a record renders (a frame without them is "plain").
+F_RECORD_MASK = F_HAS_TAG | F_HAS_NODE | F_HAS_META
 DELETED = 0xD5
 
-LOC_MEMORY = 0xFFFFFFFF
-LOC_WAL = 0xFFFFFFFE
+#: `loc` of a seq with no frame at all (always flagged DELETED).
+LOC_HOLE = 0xFFFFFFFF
+#: `node` of a slot whose frame has a node that was not read yet.
+NODE_UNKNOWN = 0xFFFFFFFF
 
 #: The on-disk `.idx` entry: 20 bytes, little-endian (segment seed).
 IDX_ENTRY_DTYPE = np.dtype(
@@ -74,14 +89,21 @@ class SlotIndex:
     from the front; both are amortised O(1) per slot.
     """
 
-    __slots__ = ("_arr", "_start", "_n", "base_seq", "payloads")
+    __slots__ = ("_arr", "_start", "_n", "base_seq")
 
     def __init__(self, base_seq: int = 1, capacity: int = 16) -> None:
         self._arr: SlotArray = np.zeros(capacity, SLOT_DTYPE)
         self._start = 0
         self._n = 0
         self.base_seq = base_seq
-        self.payloads: list[Any] = []  # parallel to _arr[_start:_start+_n] via the same offset
+
+    @classmethod
+    def from_rows(cls, base_seq: int, rows: SlotArray) -> SlotIndex:
+        """An index over `rows` (slot `i` is seq `base_seq + i`), adopting the array."""
+        idx = cls(base_seq, 0)
+        idx._arr = rows
+        idx._n = len(rows)
+        return idx
 
     def __len__(self) -> int:
         return self._n
@@ -100,16 +122,6 @@ class SlotIndex:
         s = self._start + pos
         return self._arr[s : s + count]
 
-    def payload(self, pos: int) -> Any:
-        return self.payloads[self._start + pos]
-
-    def set_payload(self, pos: int, value: Any) -> None:
-        self.payloads[self._start + pos] = value
-
-    def payload_slice(self, pos: int, count: int) -> list[Any]:
-        s = self._start + pos
-        return self.payloads[s : s + count]
-
     def _reserve(self, extra: int) -> None:
         need = self._start + self._n + extra
         cap = len(self._arr)
@@ -118,55 +130,37 @@ class SlotIndex:
         if self._start and self._n + extra <= cap // 2:
             # Plenty of dead room at the front: slide the window down.
             self._arr[: self._n] = self._arr[self._start : self._start + self._n]
-            del self.payloads[: self._start]
             self._start = 0
             return
-        new_cap = max(16, 2 * (self._n + extra))
-        arr = np.zeros(new_cap, SLOT_DTYPE)
+        want = self._n + extra
+        arr = np.zeros(max(16, want + want // 4), SLOT_DTYPE)
         arr[: self._n] = self._arr[self._start : self._start + self._n]
-        del self.payloads[: self._start]
         self._arr = arr
         self._start = 0
 
-    def append_rows(self, rows: SlotArray, payloads: list[Any]) -> None:
-        """Append `len(rows)` slots (a SLOT_DTYPE array) and their payloads."""
+    def append_rows(self, rows: SlotArray) -> None:
+        """Append `len(rows)` slots (a SLOT_DTYPE array)."""
         k = len(rows)
         self._reserve(k)
         e = self._start + self._n
         self._arr[e : e + k] = rows
-        self.payloads.extend(payloads)
         self._n += k
-
-    def append_one(
-        self, ts: int, flags: int, hops: int, nbytes: int, node: int, payload: Any
-    ) -> None:
-        """Append a single slot (the memory location sentinel, offset/len 0)."""
-        self._reserve(1)
-        e = self._start + self._n
-        self._arr[e] = (0, 0, ts, flags, hops, LOC_MEMORY, nbytes, node)
-        self.payloads.append(payload)
-        self._n += 1
 
     def pop_front(self, count: int) -> None:
         """Drop the first `count` slots (clamped to the slot count)."""
         count = min(count, self._n)
         if count <= 0:
             return
-        s = self._start
-        for i in range(s, s + count):
-            self.payloads[i] = None
         self._start += count
         self._n -= count
         self.base_seq += count
         if self._n == 0:
             self._start = 0
-            self.payloads.clear()
 
     def clear_to(self, next_seq: int) -> None:
         """Drop every slot and restart the window at `next_seq`."""
         self._start = 0
         self._n = 0
-        self.payloads.clear()
         self.base_seq = next_seq
         if len(self._arr) > 1024:
             self._arr = np.zeros(16, SLOT_DTYPE)

@@ -1,26 +1,34 @@
-"""Tag index: tag -> ascending live seqs, with ordered keys for prefix scans.
+"""Tag index: tag -> ascending seqs, with ordered keys for prefix scans.
 
-Maintained on publish, delete and front reclaim; consulted only by deletes
-(`match` Eq / Glob), never by reads (SEMANTICS §4). Python string order is code
-point order, which equals UTF-8 byte order, so the sorted key list gives the
-bytewise range scan a `Glob` prefix needs.
+Maintained on publish and front reclaim; consulted only by deletes (`match`
+Eq / Glob), never by reads (SEMANTICS §4). Postings may still name seqs that
+were deleted in the middle of the log: the delete path skips them (a deleted
+slot carries the flag), and they leave with the front reclaim, like the slot
+itself. Front reclaim is cheap however many tags exist: a min-heap keyed by
+each tag's oldest posting finds exactly the tags that lose postings.
+
+Python string order is code point order, which equals UTF-8 byte order, so the
+sorted key list gives the bytewise range scan a `Glob` prefix needs.
 """
 
 from __future__ import annotations
 
+import heapq
 from bisect import bisect_left, bisect_right, insort
 
 __all__ = ["TagIndex"]
 
 
 class TagIndex:
-    """Sorted-key map from tag to the ascending list of live seqs carrying it."""
+    """Sorted-key map from tag to the ascending list of seqs carrying it."""
 
-    __slots__ = ("_post", "_keys")
+    __slots__ = ("_post", "_keys", "_heads")
 
     def __init__(self) -> None:
         self._post: dict[str, list[int]] = {}
         self._keys: list[str] = []
+        # (oldest posting, tag): one entry per tag, always equal to its list's head.
+        self._heads: list[tuple[int, str]] = []
 
     def __len__(self) -> int:
         return len(self._post)
@@ -31,43 +39,33 @@ class TagIndex:
         if lst is None:
             self._post[tag] = [seq]
             insort(self._keys, tag)
+            heapq.heappush(self._heads, (seq, tag))
         else:
             lst.append(seq)
 
-    def _drop_key_if_empty(self, tag: str, lst: list[int]) -> None:
-        if not lst:
-            del self._post[tag]
-            i = bisect_left(self._keys, tag)
-            if i < len(self._keys) and self._keys[i] == tag:
+    def drop_upto(self, seq: int) -> None:
+        """Forget every posting with a seq <= `seq` (front reclaim), across all tags."""
+        heads = self._heads
+        while heads and heads[0][0] <= seq:
+            _s, tag = heapq.heappop(heads)
+            lst = self._post[tag]
+            del lst[: bisect_right(lst, seq)]
+            if lst:
+                heapq.heappush(heads, (lst[0], tag))
+            else:
+                del self._post[tag]
+                i = bisect_left(self._keys, tag)
                 del self._keys[i]
 
-    def remove(self, tag: str, seq: int) -> None:
-        """Forget one (tag, seq) posting; a no-op if absent."""
-        lst = self._post.get(tag)
-        if lst is None:
-            return
-        i = bisect_left(lst, seq)
-        if i < len(lst) and lst[i] == seq:
-            del lst[i]
-            self._drop_key_if_empty(tag, lst)
-
-    def remove_upto(self, tag: str, seq: int) -> None:
-        """Forget every posting of `tag` with a seq <= `seq` (front reclaim)."""
-        lst = self._post.get(tag)
-        if lst is None:
-            return
-        del lst[: bisect_right(lst, seq)]
-        self._drop_key_if_empty(tag, lst)
-
     def eq(self, tag: str, below: int) -> list[int]:
-        """Live seqs tagged exactly `tag` with seq < `below`."""
+        """Seqs tagged exactly `tag` with seq < `below` (deleted ones included)."""
         lst = self._post.get(tag)
         if not lst:
             return []
         return lst[: bisect_left(lst, below)]
 
     def prefix(self, prefix: str, below: int) -> list[int]:
-        """Live seqs whose tag starts with `prefix` (ordered key range scan), seq < `below`."""
+        """Seqs whose tag starts with `prefix` (ordered key range scan), seq < `below`."""
         out: list[int] = []
         keys = self._keys
         i = bisect_left(keys, prefix)
@@ -81,3 +79,4 @@ class TagIndex:
     def clear(self) -> None:
         self._post.clear()
         self._keys.clear()
+        self._heads.clear()

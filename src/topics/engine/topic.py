@@ -15,21 +15,44 @@ Definitions follow SEMANTICS §2-8:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import orjson
 
-from topics.engine.index import DELETED, F_HAS_NODE, F_HAS_TAG, LOC_MEMORY, SLOT_DTYPE, SlotIndex
-from topics.engine.records import P_FRAG, P_TAG, NewRecord, Payload, render
+from topics.engine.frames import (
+    Buf,
+    Chunk,
+    FrameCorrupt,
+    FrameSource,
+    check_frame,
+    frame_fields,
+    render_frames,
+)
+from topics.engine.index import (
+    DELETED,
+    F_HAS_META,
+    F_HAS_NODE,
+    F_HAS_TAG,
+    LOC_HOLE,
+    NODE_UNKNOWN,
+    SLOT_DTYPE,
+    SlotIndex,
+)
+from topics.engine.records import NewRecord, Payload
 from topics.engine.tags import TagIndex
 from topics.engine.topic_config import TopicConfig
+from topics.errors import bad_request
+from topics.storage.frame import FrameError, encode_batch
 
 __all__ = ["Topic", "Totals", "NodeInterner", "PendingWrite", "ReadResult", "Tombstone"]
 
 READ_CHUNK = 2048
+#: Source ids at or above this are in-memory chunks; below, segments.
+CHUNK_BASE = 0x80000000
+_CHUNK_LAST = 0xFFFFFF00
 
 
 class Totals:
@@ -45,11 +68,13 @@ class Totals:
 class NodeInterner:
     """Maps node strings to small ints (0 = no node) for vectorised node filtering."""
 
-    __slots__ = ("_ids", "_json")
+    __slots__ = ("_ids", "_json", "json_by_bytes")
 
     def __init__(self) -> None:
         self._ids: dict[str, int] = {}
         self._json: dict[str, bytes] = {}
+        # UTF-8 node bytes -> JSON string literal, for rendering from frames.
+        self.json_by_bytes: dict[bytes, bytes] = {}
 
     def json(self, node: str) -> bytes:
         """`node` as a JSON string literal (cached: nodes repeat)."""
@@ -135,6 +160,11 @@ class PendingWrite:
     head_after: int = 0
     fsync_ms: float = 0.0  # measured by the journal for fsync-class commits
     waiters: list[Callable[[], None]] = field(default_factory=list)
+    # The batch's WAL Append frames (docs/FORMATS.md), encoded once at stage time:
+    # logged by the journal, then kept in memory as the records' bytes until the
+    # checkpointer copies them into a segment.
+    frames: bytes = b""
+    sizes: list[int] = field(default_factory=list)
 
     @property
     def last_seq(self) -> int:
@@ -149,7 +179,16 @@ class DedupeEntry:
 
 
 class Topic:
-    """State of one topic instance (SEMANTICS §1.1)."""
+    """State of one topic instance (SEMANTICS §1.1).
+
+    Record bytes live in frame sources (`sources`, keyed by slot `loc`): an
+    in-memory :class:`~topics.engine.frames.Chunk` per write until the
+    checkpointer has copied its frames into a segment, then the segment. The
+    checkpoint fields: `ckpt_seq` is the highest seq whose slot points into a
+    segment, `ckpt_claim` the highest seq a running checkpoint is writing, and
+    `flip_seqs` the deleted seqs at or below `ckpt_claim` whose `.idx` flag the
+    next checkpoint must flip.
+    """
 
     def __init__(
         self,
@@ -167,6 +206,13 @@ class Topic:
         self.config = config
         self.created_ms = now_ms
         self.index = SlotIndex(1)
+        self.sources: dict[int, FrameSource] = {}
+        self._chunks: deque[tuple[int, int]] = deque()  # (last_seq, loc), in seq order
+        self._next_chunk = CHUNK_BASE
+        self._tags: TagIndex | None = TagIndex()  # None: rebuild from frames when needed
+        self.ckpt_seq = 0
+        self.ckpt_claim = 0
+        self.flip_seqs: list[int] = []
         self.head_seq = 0
         self.next_seq = 1
         self.last_ts = 0
@@ -181,7 +227,6 @@ class Topic:
         self.last_write_ms: int | None = None
         self.last_read_ms: int | None = None
         self.last_consumed_ms: int | None = None
-        self.tags = TagIndex()
         self.dedupe: dict[str, DedupeEntry] = {}
         self.dedupe_pending: dict[str, PendingWrite] = {}
         self.pending: deque[PendingWrite] = deque()
@@ -246,6 +291,102 @@ class Topic:
         self._totals.records += count
         self._totals.bytes += nbytes
 
+    # ---------------------------------------------------------------- sources
+
+    def add_chunk(self, chunk: Chunk) -> int:
+        """Register an in-memory chunk of frames; returns its `loc`."""
+        loc = self._next_chunk
+        while loc in self.sources:
+            loc = loc + 1 if loc < _CHUNK_LAST else CHUNK_BASE
+        self._next_chunk = loc + 1 if loc < _CHUNK_LAST else CHUNK_BASE
+        self.sources[loc] = chunk
+        self._chunks.append((chunk.last_seq, loc))
+        return loc
+
+    def free_chunks(self) -> None:
+        """Forget chunks no slot points into (popped, or copied into a segment)."""
+        chunks = self._chunks
+        below = max(self.index.base_seq, self.ckpt_seq + 1)
+        while chunks and chunks[0][0] < below:
+            _last, loc = chunks.popleft()
+            self.sources.pop(loc, None)
+
+    def chunk_bytes(self) -> int:
+        """Bytes held by in-memory chunks (records not yet in a segment)."""
+        seen: set[int] = set()
+        total = 0
+        for _last, loc in self._chunks:
+            src = self.sources.get(loc)
+            if isinstance(src, Chunk) and id(src.buf) not in seen:
+                seen.add(id(src.buf))
+                total += len(src.buf)
+        return total
+
+    def _frames(self, positions: list[int]) -> Iterator[tuple[int, Buf, int, int, int, int]]:
+        """`(pos, buf, o, len, flags, hdr)` of each verified frame at slot `positions`.
+
+        Positions are relative to `base_seq`; holes are skipped. Raises FrameCorrupt
+        or OSError when a source cannot deliver a frame.
+        """
+        if not positions:
+            return
+        idx = self.index
+        base_seq = idx.base_seq
+        arr = idx.view()
+        pos = np.asarray(positions, dtype=np.int64)
+        locs = arr["loc"][pos].tolist()
+        offs = arr["offset"][pos].tolist()
+        lens = arr["len"][pos].tolist()
+        flags = arr["flags"][pos].tolist()
+        i = 0
+        n = len(positions)
+        while i < n:
+            loc = locs[i]
+            j = i + 1
+            while j < n and locs[j] == loc:
+                j += 1
+            src = self.sources.get(loc) if loc != LOC_HOLE else None
+            if src is not None:
+                lo = min(offs[i:j])
+                hi = max(o + ln for o, ln in zip(offs[i:j], lens[i:j], strict=True))
+                buf, base = src.span(lo, hi)
+                for k in range(i, j):
+                    o = offs[k] - base
+                    if src.verify:
+                        why = check_frame(buf, o, lens[k], base_seq + positions[k], src.hdr)
+                        if why is not None:
+                            raise FrameCorrupt(src.name, base_seq + positions[k], why)
+                    yield positions[k], buf, o, lens[k], flags[k], src.hdr
+            i = j
+
+    # ------------------------------------------------------------------- tags
+
+    @property
+    def tags(self) -> TagIndex:
+        """The tag index, rebuilt from the frames of live tagged slots when stale.
+
+        Records loaded from disk carry only a has_tag flag in memory; their tags are
+        read the first time a `match` delete needs them (SEMANTICS §4: the tag index
+        is consulted by deletes only). Raises FrameCorrupt/OSError from the sources.
+        """
+        tags = self._tags
+        if tags is None:
+            tags = TagIndex()
+            arr = self.index.view()
+            fl = arr["flags"]
+            pos = np.flatnonzero((fl != DELETED) & ((fl & F_HAS_TAG) != 0)).tolist()
+            base = self.index.base_seq
+            for p, buf, o, ln, flags, hdr in self._frames(pos):
+                tag = frame_fields(buf, o, ln, flags, hdr)[1]
+                if tag is not None:
+                    tags.add(tag, base + p)
+            self._tags = tags
+        return tags
+
+    def tags_stale(self) -> None:
+        """Forget the tag index; the next delete that needs it rebuilds it from frames."""
+        self._tags = None
+
     # -------------------------------------------------------------- retention
 
     def apply_retention(self, now: int) -> bool:
@@ -292,31 +433,27 @@ class Topic:
         """Remove every slot with seq <= `floor` (involuntary loss already recorded)."""
         self._drop_prefix(floor - self.index.base_seq + 1)
 
+    def _pop(self, k: int) -> None:
+        """Pop `k` front slots and what hangs off them (tag postings, chunks)."""
+        idx = self.index
+        idx.pop_front(k)
+        if self._tags is not None and len(self._tags):
+            self._tags.drop_upto(idx.base_seq - 1)
+        if self._chunks:
+            self.free_chunks()
+
     def _drop_prefix(self, k: int) -> int:
-        """Pop the first `k` slots, un-counting and un-tagging the live ones; returns how many were live."""
+        """Pop the first `k` slots, un-counting the live ones; returns how many were live."""
         idx = self.index
         k = min(k, len(idx))
         if k <= 0:
             return 0
         w = idx.window(0, k)
-        flags = w["flags"]
-        live = flags != DELETED
+        live = w["flags"] != DELETED
         n_live = int(np.count_nonzero(live))
         if n_live:
             self._sub_live(n_live, int(w["bytes"].sum(dtype=np.int64)))
-            tagged = np.flatnonzero(live & ((flags & F_HAS_TAG) != 0))
-            if len(tagged):
-                # Postings are ascending, so dropping each tag's prefix up to its last
-                # popped seq removes exactly the popped ones.
-                last_by_tag: dict[str, int] = {}
-                base = idx.base_seq
-                for p in tagged.tolist():
-                    pl = idx.payload(p)
-                    if pl is not None and pl[P_TAG] is not None:
-                        last_by_tag[pl[P_TAG]] = base + p
-                for tag, seq in last_by_tag.items():
-                    self.tags.remove_upto(tag, seq)
-        idx.pop_front(k)
+        self._pop(k)
         return n_live
 
     def _reclaim_front(self) -> None:
@@ -329,15 +466,25 @@ class Topic:
         if flags[0] != DELETED:
             return
         alive = np.flatnonzero(flags != DELETED)
-        idx.pop_front(int(alive[0]) if len(alive) else n)
+        self._pop(int(alive[0]) if len(alive) else n)
 
     # ------------------------------------------------------------ write path
 
     def stage(self, records: list[NewRecord], now: int, key: str | None) -> PendingWrite:
-        """Assign contiguous seqs and a non-decreasing ts to a batch (not yet visible)."""
+        """Assign contiguous seqs and a non-decreasing ts to a batch (not yet visible).
+
+        Encodes the batch's WAL frames once. Raises `400 invalid_request` (nothing
+        changed) when a node or tag cannot be encoded as UTF-8.
+        """
         ts = max(now, self.last_ts)
+        try:
+            frames, sizes = encode_batch(
+                self.topic_id, self.next_seq, ts, records, self.config.durability == "fsync"
+            )
+        except FrameError as exc:
+            raise bad_request(f"a record cannot be stored: {exc}") from None
         self.last_ts = ts
-        pw = PendingWrite(self, self.next_seq, records, ts, key)
+        pw = PendingWrite(self, self.next_seq, records, ts, key, frames=frames, sizes=sizes)
         self.next_seq += len(records)
         self.pending_count += len(records)
         self.pending_bytes += sum(r.nbytes for r in records)
@@ -369,66 +516,76 @@ class Topic:
     def _publish(self, p: PendingWrite) -> None:
         recs = p.records
         n = len(recs)
-        seq = p.first_seq
-        ts = p.ts
-        # Plain tuples, not Payload objects: exact tuples of atomic values are
-        # untracked by the cyclic GC, so stored records never lengthen collections.
-        payloads: list[tuple[str | None, str | None, bytes, int, int, int, int]] = []
-        add = payloads.append
-        total = 0
-        plain = True  # no tag, node or hops anywhere in the batch
-        for data, meta, node, tag, nbytes, hops in recs:
-            total += nbytes
-            if node is None:
-                head = b'{"$seq":%d,"$ts":%d,"data":' % (seq, ts)
-            else:
-                plain = False
-                head = b'{"$seq":%d,"$ts":%d,"$node":%b,"data":' % (
-                    seq,
-                    ts,
-                    self._nodes.json(node),
-                )
-            d0 = len(head)
-            d1 = d0 + len(data)
-            if meta is None:
-                add((node, tag, head + data + b"}", d0, d1, 0, 0))
-            else:
-                m0 = d1 + 8
-                frag = head + data + b',"meta":' + meta + b"}"
-                add((node, tag, frag, d0, d1, m0, m0 + len(meta)))
-            if tag is not None or hops:
-                plain = False
-            seq += 1
+        loc = self.add_chunk(Chunk(p.frames, p.first_seq, p.last_seq))
         rows = np.zeros(n, SLOT_DTYPE)
-        rows["ts"] = ts
-        rows["loc"] = LOC_MEMORY
+        lens = np.array(p.sizes, dtype=np.uint32)
+        rows["len"] = lens
+        if n > 1:
+            np.cumsum(lens[:-1], out=rows["offset"][1:])
+        rows["ts"] = p.ts
+        rows["loc"] = loc
+        total = 0
+        plain = True  # no tag, node, meta or hops anywhere in the batch
+        for r in recs:
+            total += r.nbytes
+            if r.meta is not None or r.node is not None or r.tag is not None or r.hops:
+                plain = False
         rows["bytes"] = [r.nbytes for r in recs]
         if not plain:
             intern = self._nodes.intern
-            tags = self.tags
+            tags = self._tags
             seq0 = p.first_seq
             flags = rows["flags"]
             for i, r in enumerate(recs):
                 f = 0
                 if r.tag is not None:
                     f = F_HAS_TAG
-                    tags.add(r.tag, seq0 + i)
+                    if tags is not None:
+                        tags.add(r.tag, seq0 + i)
                 if r.node is not None:
                     f |= F_HAS_NODE
+                if r.meta is not None:
+                    f |= F_HAS_META
                 flags[i] = f
             rows["hops"] = [r.hops for r in recs]
             rows["node"] = [intern(r.node) for r in recs]
-        self.index.append_rows(rows, payloads)
+        self.index.append_rows(rows)
         self.head_seq = p.last_seq
         self._add_live(n, total)
-        self.last_write_ms = ts
+        self.last_write_ms = p.ts
+
+    def restore_rows(self, rows: Any, chunk: Chunk | None) -> None:
+        """Publish recovered records at their logged seqs (WAL replay).
+
+        `rows` is a SLOT_DTYPE array for seqs `head_seq + 1 ..` whose frames sit in
+        `chunk` (`loc` is filled in here); deleted holes may be mixed in with
+        `loc` LOC_HOLE. The tag index goes stale (tags are read back on demand).
+        """
+        n = len(rows)
+        if not n:
+            return
+        if chunk is not None:
+            loc = self.add_chunk(chunk)
+            live = rows["loc"] != LOC_HOLE
+            rows["loc"][live] = loc
+        if self._tags is not None and np.any(rows["flags"] & F_HAS_TAG):
+            self._tags = None
+        self.index.append_rows(rows)
+        self.head_seq += n
+        self.next_seq = self.head_seq + 1
+        ts_max = int(rows["ts"].max())
+        self.last_ts = max(self.last_ts, ts_max)
+        self.last_write_ms = max(self.last_write_ms or 0, ts_max)
+        alive = rows["flags"] != DELETED
+        self._add_live(int(np.count_nonzero(alive)), int(rows["bytes"][alive].sum(dtype=np.int64)))
+        self._reclaim_front()
 
     def _append_holes(self, n: int, ts: int) -> None:
         rows = np.zeros(n, SLOT_DTYPE)
         rows["ts"] = ts
         rows["flags"] = DELETED
-        rows["loc"] = LOC_MEMORY
-        self.index.append_rows(rows, [None] * n)
+        rows["loc"] = LOC_HOLE
+        self.index.append_rows(rows)
         self.head_seq += n
         self._reclaim_front()
 
@@ -455,7 +612,7 @@ class Topic:
             self.complete(pw, False)
 
     def restore(self, first_seq: int, ts: int, records: list[NewRecord]) -> None:
-        """Publish recovered records at their logged seqs and ts (WAL replay).
+        """Publish records at given seqs and ts (WAL replay of decoded frames).
 
         Seqs at or below the head are skipped (already applied); a jump past the
         head is padded with deleted holes (silent gaps, SEMANTICS §18).
@@ -497,6 +654,16 @@ class Topic:
 
     # ------------------------------------------------------------- read path
 
+    def _resolve_nodes(self, w: Any, pos: int) -> None:
+        """Intern the nodes of slots in window `w` (at index position `pos`) not read yet."""
+        unknown = np.flatnonzero((w["node"] == NODE_UNKNOWN) & (w["flags"] != DELETED))
+        if not len(unknown):
+            return
+        intern = self._nodes.intern
+        nodes = w["node"]
+        for p, buf, o, ln, flags, hdr in self._frames([pos + int(u) for u in unknown]):
+            nodes[p - pos] = intern(frame_fields(buf, o, ln, flags, hdr)[0])
+
     def read(
         self,
         from_seq: int,
@@ -514,7 +681,8 @@ class Topic:
         `limit` bounds delivered records (>= 1), `budget` the payload bytes (at least
         one record is always delivered when any is deliverable). Skipped slots
         (expired, deleted, own-node) advance the cursor; a budget stop does not step
-        over the record that did not fit.
+        over the record that did not fit. Raises FrameCorrupt when a segment frame
+        does not verify, OSError when it cannot be read.
         """
         H = self.head_seq
         E = self.earliest_seq
@@ -546,7 +714,8 @@ class Topic:
         seqs: list[int] = []
         used = 0
         scanned = 0
-        fast = include_meta and not include_tags and include_data
+        sources = self.sources
+        node_json = self._nodes.json_by_bytes
         while len(out) < limit and nxt < H:
             pos = nxt + 1 - base
             count = min(H - nxt, READ_CHUNK)
@@ -556,6 +725,7 @@ class Topic:
             if cutoff is not None and cutoff > 0:
                 skip |= w["ts"] < cutoff
             if node_ids is not None:
+                self._resolve_nodes(w, pos)
                 skip |= np.isin(w["node"], node_ids)
             deliver = np.flatnonzero(~skip)
             want = limit - len(out)
@@ -577,28 +747,31 @@ class Topic:
                     stopped = True
                     stop_pos = int(deliver[take]) - 1
                 if take:
-                    chosen = deliver[:take].tolist()
+                    chosen = deliver[:take]
                     used = int(cs[take - 1])
-                    pls = idx.payload_slice(pos, count)
                     s0 = nxt + 1
-                    if fast:
-                        for p in chosen:
-                            out.append(pls[p][P_FRAG])
-                            seqs.append(s0 + p)
-                    else:
-                        tss = w["ts"]
-                        for p in chosen:
-                            out.append(
-                                render(
-                                    s0 + p,
-                                    int(tss[p]),
-                                    Payload(*pls[p]),
-                                    include_tags=include_tags,
-                                    include_meta=include_meta,
-                                    include_data=include_data,
-                                )
-                            )
-                            seqs.append(s0 + p)
+                    c_seqs = (chosen + s0).tolist()
+                    c_locs = w["loc"][chosen]
+                    c_offs = w["offset"][chosen].tolist()
+                    c_lens = w["len"][chosen].tolist()
+                    c_flags = w["flags"][chosen].tolist()
+                    c_ts = w["ts"][chosen].tolist()
+                    cuts = [0, *(np.flatnonzero(c_locs[1:] != c_locs[:-1]) + 1).tolist(), take]
+                    for a, z in zip(cuts, cuts[1:], strict=False):
+                        render_frames(
+                            sources[int(c_locs[a])],
+                            c_seqs[a:z],
+                            c_offs[a:z],
+                            c_lens[a:z],
+                            c_flags[a:z],
+                            c_ts[a:z],
+                            out,
+                            node_json,
+                            include_tags=include_tags,
+                            include_meta=include_meta,
+                            include_data=include_data,
+                        )
+                    seqs.extend(c_seqs)
             scanned += stop_pos + 1
             nxt = nxt + stop_pos + 1
             if stopped:
@@ -616,13 +789,20 @@ class Topic:
         return bool(idx.window(p, 1)["flags"][0] != DELETED)
 
     def get_record(self, seq: int) -> tuple[int, int, Payload] | None:
-        """(ts, hops, payload) of a live seq, or None."""
+        """(ts, hops, payload) of a live seq, or None.
+
+        Raises FrameCorrupt / OSError when its frame cannot be read back.
+        """
         if not self.slot_live(seq):
             return None
         idx = self.index
         p = seq - idx.base_seq
         row = idx.window(p, 1)[0]
-        return int(row["ts"]), int(row["hops"]), Payload(*idx.payload(p))
+        for _p, buf, o, ln, flags, hdr in self._frames([p]):
+            node, tag, data, meta = frame_fields(buf, o, ln, flags, hdr)
+            ts = int(row["ts"])
+            return ts, int(row["hops"]), Payload.build(seq, ts, node, tag, data, meta)
+        return None
 
     # ---------------------------------------------------------------- delete
 
@@ -634,20 +814,19 @@ class Topic:
         count = 0
         nbytes = 0
         arr = idx.view()
+        fl = arr["flags"]
+        by = arr["bytes"]
+        claim = self.ckpt_claim
         for s in seqs:
             p = s - base
-            if p < 0 or p >= n:
-                continue
-            if arr["flags"][p] == DELETED:
+            if p < 0 or p >= n or fl[p] == DELETED:
                 continue
             count += 1
-            nbytes += int(arr["bytes"][p])
-            pl = idx.payload(p)
-            if pl is not None and pl[P_TAG] is not None:
-                self.tags.remove(pl[P_TAG], s)
-            arr["flags"][p] = DELETED
-            arr["bytes"][p] = 0
-            idx.set_payload(p, None)
+            nbytes += int(by[p])
+            fl[p] = DELETED
+            by[p] = 0
+            if s <= claim:
+                self.flip_seqs.append(s)
         if count:
             self._sub_live(count, nbytes)
             self._reclaim_front()
@@ -663,7 +842,10 @@ class Topic:
         """Release everything held by this instance (topic delete)."""
         self._sub_live(self.live_count, self.live_bytes)
         self.index.clear_to(self.head_seq + 1)
-        self.tags.clear()
+        self.sources.clear()
+        self._chunks.clear()
+        self._tags = TagIndex()
+        self.flip_seqs.clear()
         self.dedupe.clear()
         self.router_keys.clear()
         self.alive = False

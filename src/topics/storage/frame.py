@@ -102,6 +102,7 @@ __all__ = [
     "encode_frame",
     "encode_append",
     "encode_appends",
+    "encode_batch",
     "encode_control",
     "decode_frame",
     "iter_frames",
@@ -429,10 +430,19 @@ def encode_appends(
     Byte-identical to concatenating :func:`encode_append` per record. Raises
     FrameError as :func:`encode_frame` (nothing is returned for a partial batch).
     """
+    return encode_batch(topic_id, first_seq, ts, records, durable)[0]
+
+
+def encode_batch(
+    topic_id: int, first_seq: int, ts: int, records: Iterable[NewRecord], durable: bool
+) -> tuple[bytes, list[int]]:
+    """:func:`encode_appends` plus the byte size of each frame, in order."""
     pack, crc_pack = HEADER.pack, CHECKSUM.pack
     join = b"".join
     parts: list[bytes] = []
+    sizes: list[int] = []
     append = parts.append
+    size = sizes.append
     base = F_DURABLE if durable else 0
     last_node: str | None = None
     last_nb = b""
@@ -482,12 +492,13 @@ def encode_appends(
                 body = join((head, nb, tb, ml.to_bytes(4, "little"), meta, data))
             append(body)
             append(crc_pack(checksum(memoryview(body)[4:])))
+            size(len(body) + _CRC)
             seq += 1
     except struct.error as e:
         raise FrameError(f"frame field out of range: {e}") from None
     except UnicodeEncodeError:
         raise FrameError("node/tag is not encodable as UTF-8") from None
-    return join(parts)
+    return join(parts), sizes
 
 
 def encode_control(

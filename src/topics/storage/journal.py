@@ -44,7 +44,6 @@ from topics.storage.frame import (
     ROUTER_DELETE,
     TOPIC_CREATE,
     TOPIC_DELETE,
-    encode_appends,
     encode_control,
 )
 from topics.storage.fs import Fs
@@ -158,7 +157,7 @@ class WalJournal:
         if cls == "ephemeral":
             t.complete(pw, True)
             return
-        data = encode_appends(t.topic_id, pw.first_seq, pw.ts, pw.records, cls == "fsync")
+        data = pw.frames
         shard = self._shard(t.topic_id)
         if len(data) + 128 > shard.file_bytes:
             # A write is one WAL entry and entries never span files: refuse it before

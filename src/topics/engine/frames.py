@@ -1,0 +1,199 @@
+"""Where a record's bytes live, and how a record is rendered from them.
+
+Every published record is one frame (docs/FORMATS.md): until the checkpointer
+copies it into a segment it sits in an in-memory :class:`Chunk` (the WAL
+encoding of the write that produced it); afterwards in a segment `.data` file.
+A slot's `loc` names the source in the topic's source table, `offset`/`len`
+the frame inside it. Reads render the wire object straight from the frame
+bytes: `data` and `meta` are spliced as stored, never parsed (DESIGN §3).
+
+The two frame layouts differ only in the WAL's leading `type` byte, so a source
+says where its header ends (`hdr`: 38 for WAL frames, 37 for segment frames);
+the three length fields are the last 8 header bytes in both. Sources whose bytes
+come from disk set `verify`: each frame read is checked (length prefix, seq,
+XXH3-64) and a mismatch raises :class:`FrameCorrupt` (seed 0: corruption in a
+sealed segment is surfaced, never skipped).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import orjson
+import xxhash
+
+from topics.engine.index import F_HAS_META, F_HAS_NODE, F_HAS_TAG, F_RECORD_MASK
+
+__all__ = [
+    "WAL_HDR",
+    "SEG_HDR",
+    "Buf",
+    "FrameSource",
+    "Chunk",
+    "FrameCorrupt",
+    "RecordFields",
+    "frame_fields",
+    "check_frame",
+    "render_frames",
+]
+
+#: Header bytes before node/tag/payload: WAL frames carry a `type` byte, segment frames do not.
+WAL_HDR = 38
+SEG_HDR = 37
+
+_LENS = struct.Struct("<HHI")  # node_len, tag_len, data_len: the last 8 header bytes
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+
+Buf = bytes | Any  # bytes, or an mmap / buffer supporting slicing to bytes
+
+
+class FrameCorrupt(Exception):
+    """A frame read from disk does not verify (SEMANTICS §17: surfaced corruption).
+
+    Attributes: `source` (file or chunk name), `seq`, `reason`.
+    """
+
+    def __init__(self, source: str, seq: int, reason: str) -> None:
+        super().__init__(f"{source}: seq {seq}: {reason}")
+        self.source = source
+        self.seq = seq
+        self.reason = reason
+
+
+class FrameSource(Protocol):
+    """Something holding frames: an in-memory chunk or a segment file.
+
+    `span(lo, hi)` returns `(buf, base)` such that the bytes at source offsets
+    `[lo, hi)` are `buf[lo - base : hi - base]`. Raises OSError or FrameCorrupt
+    when the bytes cannot be read.
+    """
+
+    hdr: int
+    verify: bool
+    name: str
+
+    def span(self, lo: int, hi: int) -> tuple[Buf, int]: ...
+
+
+class Chunk:
+    """WAL-encoded frames of one write (or a replayed WAL file) held in memory.
+
+    `first_seq`/`last_seq` bound the seqs whose slots point here; the topic
+    frees the chunk once none does.
+    """
+
+    __slots__ = ("buf", "first_seq", "last_seq")
+
+    hdr = WAL_HDR
+    verify = False
+    name = "memory"
+
+    def __init__(self, buf: bytes, first_seq: int, last_seq: int) -> None:
+        self.buf = buf
+        self.first_seq = first_seq
+        self.last_seq = last_seq
+
+    def span(self, lo: int, hi: int) -> tuple[Buf, int]:
+        return self.buf, 0
+
+
+RecordFields = tuple[str | None, str | None, bytes, bytes | None]
+"""(node, tag, data, meta) of one frame."""
+
+
+def check_frame(buf: Buf, o: int, ln: int, seq: int, hdr: int) -> str | None:
+    """Why the frame at `buf[o:o+ln]` is not seq `seq`'s valid frame, or None."""
+    if ln < hdr + 8 or o < 0 or o + ln > len(buf):
+        return "frame outside the file"
+    if _U32.unpack_from(buf, o)[0] != ln - 4:
+        return "frame_len does not match the indexed length"
+    if _U64.unpack_from(buf, o + hdr - 24)[0] != seq:
+        return "frame carries another seq"
+    end = o + ln - 8
+    if xxhash.xxh3_64_intdigest(buf[o + 4 : end]) != _U64.unpack_from(buf, end)[0]:
+        return "checksum mismatch"
+    return None
+
+
+def frame_fields(buf: Buf, o: int, ln: int, flags: int, hdr: int) -> RecordFields:
+    """Decode node, tag, data and meta of the frame at `buf[o:o+ln]` (already verified)."""
+    nl, tl, dl = _LENS.unpack_from(buf, o + hdr - 8)
+    p = o + hdr
+    node = bytes(buf[p : p + nl]).decode() if flags & F_HAS_NODE else None
+    p += nl
+    tag = bytes(buf[p : p + tl]).decode() if flags & F_HAS_TAG else None
+    p += tl
+    end = o + ln - 8
+    if flags & F_HAS_META:
+        ml = _U32.unpack_from(buf, p)[0]
+        meta: bytes | None = bytes(buf[p + 4 : p + 4 + ml])
+        data = bytes(buf[p + 4 + ml : end])
+    else:
+        meta = None
+        data = bytes(buf[p:end])
+    return node, tag, data, meta
+
+
+def render_frames(
+    src: FrameSource,
+    seqs: Sequence[int],
+    offs: Sequence[int],
+    lens: Sequence[int],
+    flags: Sequence[int],
+    tss: Sequence[int],
+    out: list[bytes],
+    node_json: dict[bytes, bytes],
+    *,
+    include_tags: bool = False,
+    include_meta: bool = True,
+    include_data: bool = True,
+) -> None:
+    """Append the wire object (API §1.6) of each record to `out`.
+
+    The five sequences run in parallel, one entry per record of `src`
+    (`offs`/`lens` locate its frame, `flags` are slot flags, `tss` its ts in ms).
+    One `span` covers the run. Raises FrameCorrupt when a verified source holds
+    a bad frame, OSError when it cannot be read.
+    """
+    n = len(seqs)
+    if not n:
+        return
+    lo = min(offs)
+    hi = max(o + ln for o, ln in zip(offs, lens, strict=True))
+    buf, base = src.span(lo, hi)
+    hdr = src.hdr
+    verify = src.verify
+    plain_ok = include_data and not include_tags
+    for i in range(n):
+        o = offs[i] - base
+        ln = lens[i]
+        seq = seqs[i]
+        fl = flags[i]
+        if verify:
+            why = check_frame(buf, o, ln, seq, hdr)
+            if why is not None:
+                raise FrameCorrupt(src.name, seq, why)
+        if plain_ok and not fl & F_RECORD_MASK:
+            out.append(b'{"$seq":%d,"$ts":%d,"data":%b}' % (seq, tss[i], buf[o + hdr : o + ln - 8]))
+            continue
+        node, tag, data, meta = frame_fields(buf, o, ln, fl, hdr)
+        parts = [b'{"$seq":%d,"$ts":%d' % (seq, tss[i])]
+        if node is not None:
+            nb = node.encode()
+            j = node_json.get(nb)
+            if j is None:
+                j = orjson.dumps(node)
+                if len(node_json) < 100_000:
+                    node_json[nb] = j
+            parts.append(b',"$node":' + j)
+        if include_tags and tag is not None:
+            parts.append(b',"$tag":' + orjson.dumps(tag))
+        if include_data:
+            parts.append(b',"data":' + data)
+        if include_meta and meta is not None:
+            parts.append(b',"meta":' + meta)
+        parts.append(b"}")
+        out.append(b"".join(parts))
