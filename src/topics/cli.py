@@ -36,10 +36,10 @@ async def _serve(cfg: ServerConfig) -> int:
     from topics.engine.core import Engine
     from topics.http.app import TopicsApp
     from topics.http.server import start_server
+    from topics.storage.checkpoint import CheckpointConfig
     from topics.storage.fs import RealFs
-    from topics.storage.journal import WalJournal, exact_head_topics
     from topics.storage.lock import DataDirLock, DataDirLocked
-    from topics.storage.recovery import recover_async
+    from topics.storage.runtime import Storage, StorageConfig
 
     try:
         lock = DataDirLock(cfg.data_dir)
@@ -59,31 +59,42 @@ async def _serve(cfg: ServerConfig) -> int:
     def on_progress(f: float) -> None:
         app.replay_progress = f
 
+    storage_cfg = StorageConfig(
+        cfg.data_dir,
+        cfg.wal_shards,
+        CheckpointConfig(
+            segment_max_events=cfg.segment_max_events,
+            segment_max_bytes=cfg.segment_max_bytes,
+            segment_max_age_ms=cfg.segment_max_age_ms,
+            interval_ms=cfg.checkpoint_interval_ms,
+            wal_bytes=cfg.checkpoint_wal_bytes,
+        ),
+    )
     try:
-        shards, report = await recover_async(
-            engine, fs, cfg.data_dir, cfg.wal_shards, progress=on_progress
-        )
-    except OSError as exc:
+        storage = await Storage.open(engine, fs, storage_cfg, progress=on_progress)
+    except Exception as exc:
         log.error("recovery failed, refusing to serve: %s", exc)
         await handle.stop()
         lock.release()
         return 1
+    report = storage.report
     log.info(
-        "recovered %d topics, %d records from %d WAL frames in %d shard(s) in %.3f s%s",
+        "recovered %d topics: snapshot %d, %d records from %d segment files, "
+        "%d records from %d WAL frames in %d shard(s), in %.3f s%s",
         report.topics,
+        report.snapshot,
+        report.segment_records,
+        report.segments,
         report.records,
         report.frames,
         report.shards,
         report.seconds,
         f"; torn tails truncated: {report.torn}" if report.torn else "",
     )
-    journal = WalJournal(shards, asyncio.get_running_loop(), reserved=report.reserved)
-    journal.topic_ids = lambda n: engine.topics[n].topic_id if n in engine.topics else 0
-    journal.topics = lambda: exact_head_topics(engine)
-    engine.journal = journal
+    storage.start()
 
     async def close_storage(_app: TopicsApp) -> None:
-        journal.close()
+        await storage.close()
         lock.release()
 
     app.hooks_shutdown.append(close_storage)

@@ -138,6 +138,8 @@ class ServerConfig:
     segment_max_age_ms: int = 3_600_000
     hot_retain_segments: int = 4
     hot_retain_bytes: int = 0
+    checkpoint_interval_ms: int = 60_000
+    checkpoint_wal_bytes: int = 67_108_864
     limits: Limits = field(default_factory=Limits)
     test_min_heartbeat_ms: int | None = None
     log_level: str = "info"
@@ -254,6 +256,8 @@ def load_config(env: Mapping[str, str] | None = None) -> ServerConfig:
         segment_max_age_ms=_int(env, "TOPICS_SEGMENT_MAX_AGE_MS", 3_600_000),
         hot_retain_segments=_int(env, "TOPICS_HOT_RETAIN_SEGMENTS", 4),
         hot_retain_bytes=_int(env, "TOPICS_HOT_RETAIN_BYTES", 0),
+        checkpoint_interval_ms=_int(env, "TOPICS_CHECKPOINT_INTERVAL_MS", 60_000),
+        checkpoint_wal_bytes=_int(env, "TOPICS_CHECKPOINT_WAL_BYTES", 67_108_864),
         limits=limits,
         test_min_heartbeat_ms=test_hb,
         log_level=(env.get("TOPICS_LOG") or env.get("RUST_LOG") or "info").strip().lower(),

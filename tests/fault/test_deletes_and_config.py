@@ -157,13 +157,6 @@ def test_acknowledged_create_survives_power_loss() -> None:
         h.close()
 
 
-@pytest.mark.xfail(
-    reason="BUG: router copies are re-derived from the source on every recovery "
-    "(router cursors are logged only at router creation): a copy deleted in the dest "
-    "comes back, a source delete shifts the dest's seqs (one seq, two records) and "
-    "the dest head regresses",
-    strict=True,
-)
 def test_router_dest_survives_restart_unchanged() -> None:
     disk = FakeDisk()
     with Durable(disk, shards=1) as h:

@@ -136,12 +136,6 @@ def test_shard_count_changes_between_runs_recover_everything_in_order() -> None:
         h.close()
 
 
-@pytest.mark.xfail(
-    reason="BUG: control frames of one topic at the same seq position in two shard "
-    "directories (possible only after the shard count changed) are replayed in "
-    "shard-list order, not log-time order: an older config update can win",
-    strict=True,
-)
 def test_config_update_order_survives_a_shard_count_change() -> None:
     disk = FakeDisk()
     with Durable(disk, shards=3) as h:

@@ -1,7 +1,9 @@
 """Row 4 (WAL level, through recovery): damaged shard bytes end the log at the first bad frame.
 
 A clean workload (topics `a` and `d` on shard 0, `b`, `c` on shard 1, fsync class,
-interleaved single-record writes) is shut down; then the durable image of shard
+interleaved single-record writes) is stopped without a checkpoint (so the WAL is
+still the only copy of the records: a checkpoint would move them into segments
+and replay would start after them); then the durable image of shard
 0's log file is edited (``FakeDisk.poke``): a torn tail cut inside the length
 prefix, the header, the payload or the checksum; `frame_len` huge, below the
 minimum or zero; a bit flip in the last frame or in the middle of the log; a
@@ -43,7 +45,7 @@ def _build() -> tuple[FakeDisk, Durable, str, list[Frame]]:
     for i in range(ROUNDS):
         for name in ("a", "d", "b", "c"):
             assert h.write(name, make_records(f"{name}{i}", 1, size=40 + 10 * i)).ok
-    h.close()
+    h.shutdown()  # writers drained and synced; no checkpoint
     d = shard_dirs(DATA_DIR, 2)[0]  # a (id 1) and d (id 4) live on shard 0
     found = scan_shard(disk, d)
     assert found.end_file is not None and found.torn is None
@@ -211,7 +213,7 @@ def test_damage_in_an_older_file_ends_the_log_there_and_drops_later_files() -> N
         assert h.put_topic("a", {"durability": "fsync"})
         for i in range(24):
             assert h.write("a", make_records(f"a{i}", 1, size=100)).ok
-        h.close()
+        h.shutdown()  # no checkpoint: the WAL stays the only copy
         d = shard_dirs(DATA_DIR, 1)[0]
         files = sorted(n for n in disk.listdir(d) if n.startswith("wal-"))
         assert len(files) >= 3

@@ -46,8 +46,10 @@ from topics.engine.routers import RouterSet
 from topics.engine.topic import PendingWrite
 from topics.errors import TopicsError
 from topics.storage.fs import Fs
-from topics.storage.journal import WalJournal, exact_head_topics, shard_of
-from topics.storage.recovery import RecoveryReport, recover_async
+from topics.storage.checkpoint import CheckpointConfig, CheckpointReport
+from topics.storage.journal import WalJournal, shard_of
+from topics.storage.recovery import RecoveryReport
+from topics.storage.runtime import Storage, StorageConfig
 from topics.storage.wal import WalEntry, WalReadOnly, WalShard
 
 __all__ = [
@@ -236,6 +238,7 @@ class Durable:
         monitor: bool = True,
         clock: TestClock | None = None,
         history: History | None = None,
+        segment_max_events: int = 64,
     ) -> None:
         disk = _find_disk(fs)
         if disk is None:
@@ -251,6 +254,8 @@ class Durable:
             "sync_interval_s": sync_interval_s,
         }
         self.timeout_s = timeout_s
+        self.checkpoint_cfg = CheckpointConfig(segment_max_events=segment_max_events)
+        self.storage: Storage | None = None
         self.clock = clock or TestClock()
         self.history = history or History()
         self.engine: Engine | None = None
@@ -282,48 +287,55 @@ class Durable:
         engine = Engine(clock=self.clock, fs=self.fs)
         RouterSet(engine)
         Queues(engine)
+        cfg = StorageConfig(self.data_dir, self.n_shards, self.checkpoint_cfg, self.shard_kw)
         try:
-            # As `topics serve`: shards are opened and scanned in a worker thread,
-            # the replay runs on the loop.
-            shards, report = self.loop.run_until_complete(
-                recover_async(engine, self.fs, self.data_dir, self.n_shards, **self.shard_kw)
-            )
+            # As `topics serve`: files are read in a worker thread, the replay runs
+            # on the loop, then the WAL journal and the checkpointer are installed.
+            storage = self.loop.run_until_complete(Storage.open(engine, self.fs, cfg))
         except BaseException:
             self._close_loop(self.loop)
             self.loop = None
             raise
         self.tracker = _Tracker()
-        for s in shards:
+        for s in storage.journal.shards:
             self.tracker.wrap(s)
-        journal = WalJournal(shards, self.loop, reserved=report.reserved)
-        journal.topic_ids = lambda n: engine.topics[n].topic_id if n in engine.topics else 0
-        journal.topics = lambda: exact_head_topics(engine)
-        engine.journal = journal
-        self.engine, self.journal, self.report = engine, journal, report
+        self.storage = storage
+        self.engine, self.journal, self.report = engine, storage.journal, storage.report
         self.history.epoch += 1
-        return report
+        return storage.report
+
+    def checkpoint(self) -> CheckpointReport:
+        """Run one checkpoint cycle now (segments, snapshot, WAL pruning).
+
+        Raises CheckpointFailed when the cycle could not complete.
+        """
+        assert self.storage is not None and self.loop is not None, "not open"
+        self._spin()
+        return self.loop.run_until_complete(
+            asyncio.wait_for(self.storage.checkpoint(), self.timeout_s)
+        )
 
     def close(self) -> None:
-        """Drain and stop every writer thread (a graceful shutdown), then check the monitor."""
-        self._stop_journal()
+        """Graceful shutdown (final checkpoint, writers drained), then check the monitor."""
+        self._stop(graceful=True)
         if self.monitor is not None:
             self.monitor.assert_clean()
 
     def shutdown(self) -> None:
-        """Stop the writer threads without any checks (for teardown)."""
-        self._stop_journal()
+        """Stop the writer threads without writing anything more (teardown, crashes)."""
+        self._stop(graceful=False)
 
-    def _stop_journal(self) -> None:
-        journal, loop = self.journal, self.loop
+    def _stop(self, *, graceful: bool) -> None:
+        storage, loop = self.storage, self.loop
+        self.storage = None
         self.journal = None
-        if journal is not None:
-            t = threading.Thread(target=journal.close, name="durable-close", daemon=True)
-            t.start()
-            t.join(self.timeout_s)
-            if t.is_alive():
-                raise HarnessHang("WalJournal.close() did not return (writer thread stuck)")
-            if loop is not None:
-                self._spin(loop)  # deliver completions posted during the drain
+        if storage is not None and loop is not None:
+            op = storage.close() if graceful else storage.abort()
+            try:
+                loop.run_until_complete(asyncio.wait_for(op, self.timeout_s))
+            except TimeoutError:
+                raise HarnessHang("storage close did not finish (writer thread stuck)") from None
+            self._spin(loop)  # deliver completions posted during the drain
         if loop is not None:
             self._close_loop(loop)
         self.loop = None
@@ -799,6 +811,10 @@ class GateFs:
     def unlink(self, path: str) -> None:
         self._maybe_block("unlink")
         self.inner.unlink(path)
+
+    def rmdir(self, path: str) -> None:
+        self._maybe_block("unlink")
+        self.inner.rmdir(path)
 
     def listdir(self, path: str) -> list[str]:
         return self.inner.listdir(path)

@@ -433,6 +433,21 @@ class FakeDisk:
             self._queue_dirop(parent, {name: None})
             self._count("unlink", p)
 
+    def rmdir(self, path: str) -> None:
+        p = _norm(path)
+        with self._lock:
+            self._check_power()
+            parent, name = posixpath.split(p)
+            entries = self._dir(parent, p)
+            if entries.get(name) != _DIR:
+                raise _oserror(errno.ENOTDIR if name in entries else errno.ENOENT, p)
+            if self._live.get(p):
+                raise _oserror(errno.ENOTEMPTY, p)
+            del entries[name]
+            self._live.pop(p, None)
+            self._queue_dirop(parent, {name: None})
+            self._count("rmdir", p)
+
     def listdir(self, path: str) -> list[str]:
         p = _norm(path)
         with self._lock:
@@ -838,6 +853,10 @@ class FaultFs:
         self._check("unlink", path)
         self.inner.unlink(path)
 
+    def rmdir(self, path: str) -> None:
+        self._check("unlink", path)
+        self.inner.rmdir(path)
+
     def listdir(self, path: str) -> list[str]:
         self._check("listdir", path)
         return self.inner.listdir(path)
@@ -1011,6 +1030,9 @@ class MonitorFs:
         with self._lock:
             self._files.pop(p, None)
             self._snap_pending.get(parent, set()).discard(name)
+
+    def rmdir(self, path: str) -> None:
+        self.inner.rmdir(path)
 
     def listdir(self, path: str) -> list[str]:
         return self.inner.listdir(path)

@@ -251,7 +251,7 @@ def test_writer_rejects_bad_input_and_clobbering(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         w.append(good[:-1], 1, 0)  # frame_len no longer matches
     with pytest.raises(ValueError):
-        w.append(good, 1, DELETED)
+        w.append(good, 1, 0x100)
     with pytest.raises(ValueError):
         w.append_many([good], [1, 2], [0])
     assert w.count == 0 and w.data_bytes == 0
@@ -261,7 +261,7 @@ def test_writer_rejects_bad_input_and_clobbering(tmp_path: Path) -> None:
         SegmentWriter(fs, d, 1)
 
 
-def test_active_segment_reads_with_pread_and_sees_new_appends(tmp_path: Path) -> None:
+def test_active_segment_reads_with_pread_and_sees_flushed_appends(tmp_path: Path) -> None:
     fs, d = RealFs(), str(tmp_path)
     w = SegmentWriter(fs, d, 1)
     fr = frames_for(1, 4)
@@ -270,6 +270,9 @@ def test_active_segment_reads_with_pread_and_sees_new_appends(tmp_path: Path) ->
     r = SegmentReader(fs, d, 1, sealed=False)
     assert not r.mmapped and r.count == 1 and r.read(1) == fr[0]
     w.append_many(fr[1:], [2, 3, 4], [0, 0, 0])
+    # Entries reach .idx only once .data is durable (flush), never before.
+    assert r.count == 1 and len(w.idx_bytes()) == 4 * 20
+    w.flush()
     assert r.read(4) == fr[3] and r.count == 4 and r.last_seq == 4
     r.close()
     w.close()

@@ -580,6 +580,42 @@ class Topic:
         self._add_live(int(np.count_nonzero(alive)), int(rows["bytes"][alive].sum(dtype=np.int64)))
         self._reclaim_front()
 
+    def attach_segments(self, base_seq: int, rows: Any, sources: dict[int, FrameSource]) -> None:
+        """Adopt records loaded from segment files (recovery, before any WAL replay).
+
+        `rows` are SLOT_DTYPE slots for seqs `base_seq ..` pointing into `sources`.
+        The head becomes at least the last of them; seqs the head already covers
+        beyond them become deleted holes; floors set beforehand (from a snapshot)
+        drop what lies below them. The tag index goes stale.
+        """
+        n = len(rows)
+        if not n:
+            return
+        assert not len(self.index), "attach_segments needs an empty index"
+        self.sources.update(sources)
+        self.index = SlotIndex.from_rows(base_seq, rows)
+        end = base_seq + n - 1
+        self.ckpt_seq = self.ckpt_claim = end
+        alive = rows["flags"] != DELETED
+        self._add_live(int(np.count_nonzero(alive)), int(rows["bytes"][alive].sum(dtype=np.int64)))
+        ts_max = int(rows["ts"].max())
+        self.last_ts = max(self.last_ts, ts_max)
+        if self.last_write_ms is None or self.last_write_ms < ts_max:
+            self.last_write_ms = ts_max
+        if np.any(rows["flags"] & F_HAS_TAG):
+            self._tags = None
+        head = self.head_seq
+        if head > end:
+            rows_h = np.zeros(head - end, SLOT_DTYPE)
+            rows_h["ts"] = ts_max
+            rows_h["flags"] = DELETED
+            rows_h["loc"] = LOC_HOLE
+            self.index.append_rows(rows_h)
+        self.head_seq = max(head, end)
+        self.next_seq = self.head_seq + 1
+        self._drop_prefix(self.earliest_seq - base_seq)
+        self._reclaim_front()
+
     def _append_holes(self, n: int, ts: int) -> None:
         rows = np.zeros(n, SLOT_DTYPE)
         rows["ts"] = ts

@@ -56,6 +56,10 @@ class Fs(Protocol):
 
     def unlink(self, path: str) -> None: ...
 
+    def rmdir(self, path: str) -> None:
+        """Remove an empty directory (durable only after :meth:`fsync_dir` of its parent)."""
+        ...
+
     def listdir(self, path: str) -> list[str]: ...
 
     def makedirs(self, path: str) -> None: ...
@@ -115,6 +119,9 @@ class RealFs:
 
     def unlink(self, path: str) -> None:
         os.unlink(path)
+
+    def rmdir(self, path: str) -> None:
+        os.rmdir(path)
 
     def listdir(self, path: str) -> list[str]:
         return sorted(os.listdir(path))

@@ -35,6 +35,7 @@ import xxhash
 
 from topics.errors import TopicsError
 from topics.storage.frame import (
+    CHECKPOINT_MARK,
     CONFIG_UPDATE,
     DELETE,
     EVICT_WATERMARK,
@@ -103,6 +104,9 @@ class WalJournal:
         self.topics: Callable[[], Iterable[Topic]] = lambda: ()
         # name -> live topic id, for router frames (set by whoever owns the engine).
         self.topic_ids: Callable[[str], int] = lambda name: 0
+        # Router frames are numbered; a snapshot records the last number it
+        # reflects, so replay from its checkpoint skips older router frames.
+        self.router_ops = 0
 
     # ------------------------------------------------------------ plumbing
 
@@ -360,10 +364,39 @@ class WalJournal:
     def router_put(self, r: Router) -> None:
         from topics.engine.routers import router_wire_state
 
-        self._control(self.shards[0], ROUTER_CREATE, 0, router_wire_state(r, self.topic_ids))
+        body = router_wire_state(r, self.topic_ids)
+        body["op"] = self.router_ops + 1
+        self._control(self.shards[0], ROUTER_CREATE, 0, body)
+        self.router_ops += 1
 
     def router_deleted(self, r: Router) -> None:
-        self._control(self.shards[0], ROUTER_DELETE, 0, {"name": r.name})
+        self._control(self.shards[0], ROUTER_DELETE, 0, {"name": r.name, "op": self.router_ops + 1})
+        self.router_ops += 1
+
+    # ------------------------------------------------------------ checkpoints
+
+    def mark(self, shard: int, body: dict[str, Any], ts: int) -> asyncio.Future[WalEntry | None]:
+        """Log a CheckpointMark on `shard` (synced); the future gets the written entry.
+
+        Everything submitted to the shard before the mark precedes it in the log,
+        and the mark's sync makes all of it durable: the entry's `file`/`offset`/
+        `index` are where replay starts for a snapshot taken after it. The future
+        gets None when the mark could not be logged. Raises TopicsError (429/500)
+        when the shard refuses the submission.
+        """
+        fut: asyncio.Future[WalEntry | None] = self.loop.create_future()
+        loop = self.loop
+
+        def done(e: WalEntry, ok: bool, fsync_ms: float) -> None:
+            loop.call_soon_threadsafe(_settle_entry, fut, e if ok else None)
+
+        frame = encode_control(CHECKPOINT_MARK, 0, body, ts=ts, durable=True)
+        self._submit(self.shards[shard], WalEntry(frame, 1, True, done))
+        return fut
+
+    def bytes_written(self) -> int:
+        """WAL bytes written by every shard since open."""
+        return sum(s.metrics.bytes_written for s in self.shards)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -469,6 +502,11 @@ def _count_frames(data: bytes) -> int:
 def _settle(fut: asyncio.Future[bool], ok: bool) -> None:
     if not fut.done():
         fut.set_result(ok)
+
+
+def _settle_entry(fut: asyncio.Future[WalEntry | None], e: WalEntry | None) -> None:
+    if not fut.done():
+        fut.set_result(e)
 
 
 def exact_head_topics(engine: Engine) -> list[Topic]:

@@ -1,28 +1,31 @@
-"""Recovery: rebuild the engine from the WAL shards in a data directory.
+"""Recovery: rebuild the engine from a data directory (SEMANTICS §18; seed 2 §4).
 
-Order of work (SEMANTICS §18, seed: crash recovery):
+Order of work:
 
-1. open every shard of the current layout (repairing each torn tail: zeroed
-   from the first invalid frame, later files removed) and scan any shard
-   directory left over from a different shard count (read-only);
-2. group the valid frames by topic id and order each topic's frames by their
-   position in the topic's seq space: an Append sorts at `seq - 1`, a control
-   frame at `h` (the head when it was logged), controls before appends at the
-   same position, then shard and log order. This is the order they were applied
-   in at run time, whatever shard they sit on;
-3. replay: create/configure/delete topic instances, publish appends in runs
-   (frames of one write share a ts), re-apply deletes with their point-in-time
-   bound, restore involuntary floors and lease events;
-4. raise each `disk` topic's head to its durable reservation (padding with
-   silent holes), apply retention, reinstall routers whose source and dest
-   instances still exist, and re-derive their copies.
+1. (worker thread) load the newest valid metadata snapshot; open every shard of
+   the current layout from the position the snapshot names (repairing each torn
+   tail: zeroed from the first invalid frame, later files removed) and scan any
+   shard directory left over from a different shard count (read-only); load
+   every topic directory's segments (`.idx` in bulk, the active segment resumed).
+2. (event loop) register the snapshot's topics and attach their segments; then
+   replay the WAL frames logged after the snapshot, per topic in log order:
+   appends in bulk (seqs at or below the head are skipped, jumps are padded
+   with deleted holes; the frames stay in the read file buffers until the next
+   checkpoint copies them into segments), control frames one by one. Frames
+   of one topic found in several shard directories (the shard count changed)
+   are merged by their position in the topic's seq space.
+3. raise each `disk` topic's head to its durable reservation (silent holes),
+   apply retention, reinstall routers whose source and dest instances exist,
+   re-derive their copies.
 
-The engine must be fresh and use the in-memory journal while replaying (nothing
-is logged again); the caller installs the WAL journal afterwards.
+Frames that a snapshot already reflects are never applied twice: replay starts
+at the snapshot's marks, and TopicCreate / router frames older than the capture
+(by topic id / router op number) are skipped.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import posixpath
 import time
@@ -30,12 +33,24 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from topics.engine.core import Engine
-from topics.engine.records import NewRecord
+from topics.engine.frames import Chunk
+from topics.engine.index import (
+    DELETED,
+    F_HAS_META,
+    F_HAS_NODE,
+    F_RECORD_MASK,
+    LOC_HOLE,
+    NODE_UNKNOWN,
+    SLOT_DTYPE,
+)
 from topics.engine.topic import Topic
 from topics.engine.topic_config import parse_topic_config
 from topics.storage.frame import (
     APPEND,
+    CHECKPOINT_MARK,
     CONFIG_UPDATE,
     DELETE,
     EVICT_WATERMARK,
@@ -47,12 +62,16 @@ from topics.storage.frame import (
     TOPIC_DELETE,
     Frame,
     FrameError,
+    decode_frame,
 )
 from topics.storage.fs import Fs
-from topics.storage.journal import shard_dirs
-from topics.storage.wal import ShardScan, WalShard, scan_shard
+from topics.storage.journal import shard_dirs, shard_of
+from topics.storage.meta import restore_topic
+from topics.storage.snapshot import load_latest
+from topics.storage.topicstore import LoadedTopic, TopicStore, load_topic
+from topics.storage.wal import ScannedFile, ShardScan, WalPosition, WalShard, scan_shard
 
-__all__ = ["recover", "RecoveryReport"]
+__all__ = ["recover", "recover_async", "RecoveryReport", "load_data_dir", "replay"]
 
 log = logging.getLogger("topics.recovery")
 
@@ -69,6 +88,26 @@ class RecoveryReport:
     torn: list[str] = field(default_factory=list)
     seconds: float = 0.0
     reserved: dict[int, int] = field(default_factory=dict)
+    snapshot: int = 0  # number of the snapshot loaded (0: none)
+    segments: int = 0  # segment files loaded
+    segment_records: int = 0  # slots loaded from segments
+    router_ops: int = 0
+    stores: dict[int, TopicStore] = field(default_factory=dict)
+    absorbed: dict[str, WalPosition] = field(default_factory=dict)
+    layout_changed: bool = False
+
+
+@dataclass
+class Loaded:
+    """Everything read from disk before the replay (no engine state)."""
+
+    snapshot_n: int
+    snapshot: dict[str, Any] | None
+    shards: list[WalShard]
+    scans: list[ShardScan]
+    leftovers: list[str]  # scanned shard dirs outside the current layout
+    topics: dict[int, LoadedTopic]
+    data_dir: str = ""
 
 
 def _existing_shard_dirs(fs: Fs, data_dir: str) -> list[str]:
@@ -84,29 +123,56 @@ def _existing_shard_dirs(fs: Fs, data_dir: str) -> list[str]:
     return out
 
 
-def open_and_scan(
-    fs: Fs, data_dir: str, n_shards: int, **shard_kw: Any
-) -> tuple[list[WalShard], list[ShardScan]]:
-    """Open (repairing torn tails) the current layout's shards and scan every shard dir.
+def _topic_ids(fs: Fs, data_dir: str) -> list[int]:
+    root = posixpath.join(data_dir, "topics")
+    try:
+        names = fs.listdir(root)
+    except FileNotFoundError:
+        return []
+    out = []
+    for n in names:
+        if len(n) == 16:
+            try:
+                out.append(int(n, 16))
+            except ValueError:
+                continue
+    return sorted(out)
 
-    Pure I/O, no engine state: safe to run in a worker thread. Raises OSError.
+
+def load_data_dir(fs: Fs, data_dir: str, n_shards: int, **shard_kw: Any) -> Loaded:
+    """Step 1: snapshot, shards (opened from their snapshot positions), segments.
+
+    Pure I/O, no engine state: safe in a worker thread. Raises OSError (a shard
+    or segment that cannot be read or repaired: nothing is served over a
+    half-read directory).
     """
+    found = load_latest(fs, posixpath.join(data_dir, "meta"))
+    snap_n, body = found if found is not None else (0, None)
+    positions: dict[str, WalPosition] = {}
+    if body is not None:
+        for rel, pos in (body.get("wal") or {}).items():
+            positions[posixpath.normpath(posixpath.join(data_dir, str(rel)))] = WalPosition(
+                str(pos[0]), int(pos[1]), int(pos[2])
+            )
     layout = shard_dirs(data_dir, n_shards)
     scans: list[ShardScan] = []
     shards: list[WalShard] = []
+    leftovers: list[str] = []
     try:
         for d in layout:
-            shard, found = WalShard.open(fs, d, **shard_kw)
+            shard, sc = WalShard.open(fs, d, positions.get(posixpath.normpath(d)), **shard_kw)
             shards.append(shard)
-            scans.append(found)
+            scans.append(sc)
         for d in _existing_shard_dirs(fs, data_dir):
             if d not in layout:
-                scans.append(scan_shard(fs, d))  # left over from another shard count
+                scans.append(scan_shard(fs, d, positions.get(posixpath.normpath(d))))
+                leftovers.append(d)
+        topics = {tid: load_topic(fs, data_dir, tid) for tid in _topic_ids(fs, data_dir)}
     except BaseException:
         for sh in shards:
             sh.close()
         raise
-    return shards, scans
+    return Loaded(snap_n, body, shards, scans, leftovers, topics, data_dir)
 
 
 def recover(
@@ -118,18 +184,18 @@ def recover(
     progress: Callable[[float], None] | None = None,
     **shard_kw: Any,
 ) -> tuple[list[WalShard], RecoveryReport]:
-    """Replay every WAL shard under `data_dir` into `engine`; return the open shards.
+    """Rebuild `engine` (fresh, in-memory journal) from `data_dir`; return the open shards.
 
-    Raises OSError when a shard cannot be read or repaired (nothing is served
-    over a half-read log). `progress(fraction)` is called as frames are applied.
+    Raises OSError when a shard or segment cannot be read or repaired.
+    `progress(fraction)` is called as frames are applied.
     """
     t0 = time.perf_counter()
-    shards, scans = open_and_scan(fs, data_dir, n_shards, **shard_kw)
+    loaded = load_data_dir(fs, data_dir, n_shards, **shard_kw)
     report = RecoveryReport()
-    for _ in replay(engine, scans, report, progress=progress):
+    for _ in replay(engine, loaded, report, progress=progress):
         pass
     report.seconds = time.perf_counter() - t0
-    return shards, report
+    return loaded.shards, report
 
 
 async def recover_async(
@@ -143,185 +209,323 @@ async def recover_async(
 ) -> tuple[list[WalShard], RecoveryReport]:
     """:func:`recover` that keeps the event loop responsive.
 
-    Shards are read in a worker thread; replay runs on the loop in slices so
+    Files are read in a worker thread; replay runs on the loop in slices so
     `/v0/ready` can answer 503 with progress meanwhile.
     """
-    import asyncio
-
     t0 = time.perf_counter()
-    shards, scans = await asyncio.to_thread(open_and_scan, fs, data_dir, n_shards, **shard_kw)
+    loaded = await asyncio.to_thread(load_data_dir, fs, data_dir, n_shards, **shard_kw)
     report = RecoveryReport()
-    for _ in replay(engine, scans, report, progress=progress):
-        await asyncio.sleep(0)
+    try:
+        for _ in replay(engine, loaded, report, progress=progress):
+            await asyncio.sleep(0)
+    except BaseException:
+        for sh in loaded.shards:
+            sh.close()
+        raise
     report.seconds = time.perf_counter() - t0
-    return shards, report
+    return loaded.shards, report
+
+
+# ---------------------------------------------------------------- replay
+
+
+@dataclass
+class _Piece:
+    """Rows of one topic inside one scanned file, in log order."""
+
+    si: int
+    file: ScannedFile
+    rows: np.ndarray[Any, Any]
+
+
+class _Ctx:
+    def __init__(self, engine: Engine, loaded: Loaded, report: RecoveryReport) -> None:
+        self.engine = engine
+        self.loaded = loaded
+        self.report = report
+        self.by_id: dict[int, Topic] = {}
+        self.reserved: dict[int, int] = {}
+        body = loaded.snapshot or {}
+        self.snap_next_id = int(body.get("next_topic_id", 0)) if loaded.snapshot else 0
+        self.snap_router_ops = int(body.get("router_ops", 0)) if loaded.snapshot else -1
+
+    def attach(self, t: Topic) -> None:
+        lt = self.loaded.topics.get(t.topic_id)
+        if lt is not None and len(lt.rows):
+            t.attach_segments(lt.base_seq, lt.rows, dict(lt.sources))
+            self.report.segments += len(lt.sources)
+            self.report.segment_records += len(lt.rows)
+        if lt is not None:
+            self.report.stores[t.topic_id] = lt.store
 
 
 def replay(
     engine: Engine,
-    scans: list[ShardScan],
+    loaded: Loaded,
     report: RecoveryReport,
     *,
     progress: Callable[[float], None] | None = None,
     slice_frames: int = 50_000,
 ) -> Iterator[None]:
-    """Apply scanned frames to `engine`; yields between slices of about `slice_frames`."""
+    """Step 2 and 3 on `engine`; yields between slices of about `slice_frames` frames."""
+    ctx = _Ctx(engine, loaded, report)
+    scans = loaded.scans
     report.shards = len(scans)
-    # Per topic: frames in log order, and which shards they came from. A topic's
-    # frames normally sit on one shard, in run-time order already; only when the
-    # shard count changed between runs do several shards need merging by position.
-    per_topic: dict[int, list[tuple[int, int, Frame]]] = {}
-    shards_of: dict[int, set[int]] = {}
-    routers: list[tuple[int, int, Frame]] = []
+    report.snapshot = loaded.snapshot_n
+    # A shard-count change must be absorbed by a checkpoint before the next one.
+    report.layout_changed = bool(loaded.leftovers)
+    body = loaded.snapshot
+    if body is not None:
+        listed = {str(k) for k in (body.get("wal") or {})}
+        here = {posixpath.relpath(sh.dir, loaded.data_dir) for sh in loaded.shards}
+        report.layout_changed |= not here <= listed
+    routers_state: dict[str, dict[str, Any]] = {}
+    if body is not None:
+        engine.next_topic_id = max(engine.next_topic_id, ctx.snap_next_id)
+        for m in body.get("topics") or []:
+            t = restore_topic(engine, m)
+            ctx.by_id[t.topic_id] = t
+            res = int(m.get("reserved", 0))
+            if res:
+                ctx.reserved[t.topic_id] = res
+            ctx.attach(t)
+        for st in body.get("routers") or []:
+            routers_state[str(st["name"])] = dict(st)
+    report.router_ops = max(ctx.snap_router_ops, 0)
+
+    # Group every scanned frame by topic id, in log order per shard directory.
+    pieces: dict[int, list[_Piece]] = {}
+    dirs_of: dict[int, set[int]] = {}
+    globals_: list[tuple[int, int, ScannedFile, int]] = []
     for si, sc in enumerate(scans):
         if sc.torn is not None:
-            report.torn.append(f"{sc.end_file}@{sc.torn.offset}: {sc.torn.reason}")
-        report.frames += len(sc.frames)
-        for fi, (_name, fr) in enumerate(sc.frames):
-            if fr.type == ROUTER_CREATE or fr.type == ROUTER_DELETE:
-                routers.append((si, fi, fr))
+            report.torn.append(f"{sc.dir}/{sc.end_file}@{sc.torn.offset}: {sc.torn.reason}")
+        for fi, f in enumerate(sc.files):
+            cols = f.cols
+            if not len(cols):
                 continue
-            tid = fr.topic_id
-            lst = per_topic.get(tid)
-            if lst is None:
-                per_topic[tid] = lst = []
-                shards_of[tid] = {si}
-            elif si not in shards_of[tid]:
-                shards_of[tid].add(si)
-            lst.append((si, fi, fr))
+            report.frames += len(cols)
+            tids = cols["topic_id"]
+            order = np.argsort(tids, kind="stable")
+            uniq, starts = np.unique(tids[order], return_index=True)
+            bounds = [*starts.tolist(), len(order)]
+            for k, tid in enumerate(uniq.tolist()):
+                rows = order[bounds[k] : bounds[k + 1]]
+                if tid == 0:
+                    for r in rows.tolist():
+                        globals_.append((si, fi, f, r))
+                    continue
+                pieces.setdefault(tid, []).append(_Piece(si, f, rows))
+                dirs_of.setdefault(tid, set()).add(si)
 
     total = max(report.frames, 1)
     done = 0
-    by_id: dict[int, Topic] = {}
-    reserved: dict[int, int] = {}
-    max_id = 0
     since_yield = 0
-    for topic_id in sorted(per_topic):
-        max_id = max(max_id, topic_id)
-        items = per_topic[topic_id]
-        if len(shards_of[topic_id]) > 1:
-            items = _merge_by_position(items)
-        _replay_topic(engine, by_id, reserved, topic_id, [x[2] for x in items], report)
-        done += len(items)
-        since_yield += len(items)
+    max_id = 0
+    for tid in sorted(pieces):
+        max_id = max(max_id, tid)
+        plist = pieces[tid]
+        if len(dirs_of[tid]) > 1:
+            report.layout_changed = True
+            cur = shard_of(tid, len(loaded.shards))
+            n = _replay_merged(ctx, tid, plist, cur)
+        else:
+            n = 0
+            for pc in plist:
+                n += _replay_piece(ctx, tid, pc)
+        done += n
+        since_yield += n
         if progress is not None:
             progress(min(done / total, 0.99))
         if since_yield >= slice_frames:
             since_yield = 0
             yield
 
+    # Routers (shard 0, topic id 0), in log order; frames the snapshot reflects are skipped.
+    globals_.sort(key=lambda x: (x[0], x[1], int(x[2].cols["off"][x[3]])))
+    for _si, _fi, f, r in globals_:
+        typ = int(f.cols["type"][r])
+        if typ not in (ROUTER_CREATE, ROUTER_DELETE):
+            continue
+        fr = decode_frame(f.buf, int(f.cols["off"][r]))
+        if not isinstance(fr, Frame):
+            continue
+        try:
+            rb = fr.control()
+        except FrameError:
+            continue
+        op = int(rb.get("op", 0))
+        report.router_ops = max(report.router_ops, op)
+        if op and op <= ctx.snap_router_ops:
+            continue
+        if typ == ROUTER_CREATE:
+            routers_state[str(rb["name"])] = rb
+        else:
+            routers_state.pop(str(rb.get("name")), None)
+
     # Disk-class seqs are never reused: the head jumps to the durable reservation.
-    for topic_id, head in reserved.items():
-        t = by_id.get(topic_id)
-        if t is not None and t.alive and t.config.durability in ("disk", "ephemeral"):
-            t.reserve_head(head, t.last_ts)
+    for topic_id, head in ctx.reserved.items():
+        rt = ctx.by_id.get(topic_id)
+        if rt is not None and rt.alive and rt.config.durability in ("disk", "ephemeral"):
+            rt.reserve_head(head, rt.last_ts)
     engine.next_topic_id = max(engine.next_topic_id, max_id + 1)
     now = engine.clock.now_ms()
     for t in engine.topics.values():
         t.apply_retention(now)
 
     live_ids = {t.topic_id: t.name for t in engine.topics.values()}
-    state: dict[str, dict[str, Any]] = {}
-    for _si, _fi, fr in sorted(routers, key=lambda x: (x[0], x[1])):
-        try:
-            body = fr.control()
-        except FrameError:
-            continue
-        if fr.type == ROUTER_CREATE:
-            state[str(body["name"])] = body
-        else:
-            state.pop(str(body.get("name")), None)
     if engine.routers is not None:
-        for body in state.values():
-            if live_ids.get(int(body.get("source_id", -1))) == body.get("source") and live_ids.get(
-                int(body.get("dest_id", -1))
-            ) == body.get("dest"):
-                engine.routers.restore(body)
+        for rb in routers_state.values():
+            if live_ids.get(int(rb.get("source_id", -1))) == rb.get("source") and live_ids.get(
+                int(rb.get("dest_id", -1))
+            ) == rb.get("dest"):
+                engine.routers.restore(rb)
                 report.routers += 1
         engine.routers.drain_all()
+    # Segment stores of topic instances that are gone: the first checkpoint removes them.
+    for tid, lt in loaded.topics.items():
+        report.stores.setdefault(tid, lt.store)
+    for d, sc in zip(loaded.leftovers, scans[len(loaded.shards) :], strict=True):
+        report.absorbed[d] = WalPosition(sc.end_file or "", sc.end_offset, sc.next_index)
     report.topics = len(engine.topics)
-    report.reserved = reserved
+    report.reserved = ctx.reserved
     if progress is not None:
         progress(1.0)
 
 
-def _position(fr: Frame) -> tuple[int, int]:
-    """Where a frame sits in its topic's seq space: (head position, rank)."""
+def _replay_piece(ctx: _Ctx, tid: int, pc: _Piece) -> int:
+    """Apply one topic's rows of one file: appends in bulk runs, controls one by one."""
+    cols = pc.file.cols
+    rows = pc.rows
+    types = cols["type"][rows]
+    ctl = np.flatnonzero(types != APPEND)
+    start = 0
+    for c in [*ctl.tolist(), len(rows)]:
+        if c > start:
+            _restore_appends(ctx, tid, pc.file, rows[start:c])
+        if c < len(rows):
+            _control_row(ctx, tid, pc.file, int(rows[c]))
+        start = c + 1
+    return len(rows)
+
+
+def _restore_appends(ctx: _Ctx, tid: int, f: ScannedFile, rows: np.ndarray[Any, Any]) -> None:
+    t = ctx.by_id.get(tid)
+    if t is None or not t.alive:
+        return
+    c = f.cols[rows]
+    seqs = c["seq"].astype(np.int64)
+    keep = seqs > t.head_seq
+    if not keep.all():
+        c = c[keep]
+        seqs = seqs[keep]
+    if not len(c):
+        return
+    if len(c) > 1 and np.any(np.diff(seqs) <= 0):
+        # Out of order within the log (never written that way): apply frame by frame.
+        for r in c:
+            _restore_appends_one(ctx, t, f, r)
+        return
+    head = t.head_seq
+    n = int(seqs[-1]) - head
+    out = np.zeros(n, SLOT_DTYPE)
+    pos = seqs - head - 1
+    gaps = n != len(c)
+    if gaps:
+        out["flags"] = DELETED
+        out["loc"] = LOC_HOLE
+        out["ts"] = int(c["ts"][0])
+    fl = c["flags"]
+    meta4 = np.where((fl & F_HAS_META) != 0, 4, 0)
+    out["offset"][pos] = c["off"]
+    out["len"][pos] = c["size"]
+    out["ts"][pos] = c["ts"]
+    out["flags"][pos] = fl & F_RECORD_MASK
+    out["loc"][pos] = 0
+    out["bytes"][pos] = c["dl"].astype(np.int64) - meta4
+    out["node"][pos] = np.where((fl & F_HAS_NODE) != 0, NODE_UNKNOWN, 0)
+    t.restore_rows(out, Chunk(f.buf, head + 1, int(seqs[-1])))
+    ctx.report.records += len(c)
+
+
+def _restore_appends_one(ctx: _Ctx, t: Topic, f: ScannedFile, r: Any) -> None:
+    if int(r["seq"]) <= t.head_seq:
+        return
+    one = np.array([r], dtype=r.dtype)
+    _restore_rows_from(ctx, t, f, one)
+
+
+def _restore_rows_from(ctx: _Ctx, t: Topic, f: ScannedFile, c: Any) -> None:
+    seq = int(c["seq"][0])
+    head = t.head_seq
+    n = seq - head
+    out = np.zeros(n, SLOT_DTYPE)
+    out["flags"] = DELETED
+    out["loc"] = LOC_HOLE
+    out["ts"] = int(c["ts"][0])
+    fl = int(c["flags"][0])
+    out[-1] = (
+        int(c["off"][0]),
+        int(c["size"][0]),
+        int(c["ts"][0]),
+        fl & F_RECORD_MASK,
+        0,
+        0,
+        int(c["dl"][0]) - (4 if fl & F_HAS_META else 0),
+        NODE_UNKNOWN if fl & F_HAS_NODE else 0,
+    )
+    t.restore_rows(out, Chunk(f.buf, head + 1, seq))
+    ctx.report.records += 1
+
+
+def _control_row(ctx: _Ctx, tid: int, f: ScannedFile, row: int) -> None:
+    fr = decode_frame(f.buf, int(f.cols["off"][row]))
+    if isinstance(fr, Frame):
+        _apply_frame(ctx, tid, fr, f)
+
+
+def _apply_frame(ctx: _Ctx, tid: int, fr: Frame, f: ScannedFile | None) -> None:
     if fr.type == APPEND:
-        return fr.seq - 1, 1
-    if fr.type == HEAD_WATERMARK:
-        return fr.seq, 2
-    try:
-        return int(fr.control().get("h", 0)), 0
-    except (FrameError, ValueError, TypeError):
-        return 0, 0
-
-
-def _merge_by_position(
-    items: list[tuple[int, int, Frame]],
-) -> list[tuple[int, int, Frame]]:
-    """Order one topic's frames from several shards by position, then shard and log order."""
-    keyed = [(*_position(fr), si, fi, (si, fi, fr)) for si, fi, fr in items]
-    keyed.sort(key=lambda x: x[:4])
-    return [x[4] for x in keyed]
-
-
-def _replay_topic(
-    engine: Engine,
-    by_id: dict[int, Topic],
-    reserved: dict[int, int],
-    topic_id: int,
-    frames: list[Frame],
-    report: RecoveryReport,
-) -> None:
-    """Apply one topic's frames in order; consecutive appends of one write form a run."""
-    run: list[NewRecord] = []
-    run_first = 0
-    run_ts = -1
-    for fr in frames:
-        if fr.type == APPEND:
-            if run and (fr.ts != run_ts or fr.seq != run_first + len(run)):
-                _flush_run(by_id.get(topic_id), run_first, run_ts, run, report)
-                run = []
-            if not run:
-                run_first, run_ts = fr.seq, fr.ts
-            data = fr.data
-            meta = fr.meta
-            run.append(
-                NewRecord(data, meta, fr.node, fr.tag, len(data) + (len(meta) if meta else 0))
+        t = ctx.by_id.get(tid)
+        if t is not None and t.alive and fr.seq > t.head_seq and f is not None:
+            c = np.zeros(1, f.cols.dtype)
+            c["off"], c["size"], c["flags"], c["seq"], c["ts"] = (
+                fr.offset,
+                fr.size,
+                fr.flags,
+                fr.seq,
+                fr.ts,
             )
-            continue
-        _flush_run(by_id.get(topic_id), run_first, run_ts, run, report)
-        run = []
-        if fr.type == HEAD_WATERMARK:
-            exact = False
-            try:
-                exact = bool(fr.control().get("exact"))
-            except FrameError:
-                pass
-            # A clean stop logs the exact head; a reservation only ever raises it.
-            reserved[topic_id] = fr.seq if exact else max(reserved.get(topic_id, 0), fr.seq)
-        else:
-            _apply_control(engine, by_id, topic_id, fr)
-    _flush_run(by_id.get(topic_id), run_first, run_ts, run, report)
+            c["dl"] = len(fr.payload)
+            _restore_rows_from(ctx, t, f, c)
+        return
+    if fr.type == HEAD_WATERMARK:
+        exact = False
+        try:
+            exact = bool(fr.control().get("exact"))
+        except FrameError:
+            pass
+        # A clean stop logs the exact head; a reservation only ever raises it.
+        r = ctx.reserved
+        r[tid] = fr.seq if exact else max(r.get(tid, 0), fr.seq)
+        return
+    if fr.type == CHECKPOINT_MARK:
+        return
+    _apply_control(ctx, tid, fr)
 
 
-def _flush_run(
-    t: Topic | None, first: int, ts: int, run: list[NewRecord], report: RecoveryReport
-) -> None:
-    if run and t is not None and t.alive:
-        t.restore(first, ts, run)
-        report.records += len(run)
-
-
-def _apply_control(engine: Engine, by_id: dict[int, Topic], topic_id: int, fr: Frame) -> None:
+def _apply_control(ctx: _Ctx, topic_id: int, fr: Frame) -> None:
+    engine = ctx.engine
     try:
         body = fr.control()
     except FrameError:
         return
+    by_id = ctx.by_id
     t = by_id.get(topic_id)
     typ = fr.type
     if typ == TOPIC_CREATE:
+        if topic_id < ctx.snap_next_id or (t is not None and t.alive):
+            return  # the snapshot reflects this create (and whatever followed it)
         name = str(body["name"])
         old = engine.topics.get(name)
         if old is not None:  # an older instance whose delete frame sits elsewhere
@@ -329,9 +533,11 @@ def _apply_control(engine: Engine, by_id: dict[int, Topic], topic_id: int, fr: F
         cfg = parse_topic_config(body.get("config"), name)
         t = Topic(name, topic_id, cfg, fr.ts, engine.totals, engine.nodes)
         t.on_floor_advance = engine._floor_advanced
+        t.epoch = int(body.get("epoch", 1))
         engine.topics[name] = t
         engine.on_topic_created(t)
         by_id[topic_id] = t
+        ctx.attach(t)
         return
     if t is None or not t.alive:
         return
@@ -365,3 +571,38 @@ def _apply_control(engine: Engine, by_id: dict[int, Topic], topic_id: int, fr: F
                 int(body["deadline"]),
                 int(body["deliveries"]),
             )
+
+
+def _position(fr: Frame) -> tuple[int, int]:
+    """Where a frame sits in its topic's seq space: (head position, rank)."""
+    if fr.type == APPEND:
+        return fr.seq - 1, 1
+    if fr.type == HEAD_WATERMARK:
+        return fr.seq, 2
+    try:
+        return int(fr.control().get("h", 0)), 0
+    except (FrameError, ValueError, TypeError):
+        return 0, 0
+
+
+def _replay_merged(ctx: _Ctx, tid: int, plist: list[_Piece], current: int) -> int:
+    """One topic's frames from several shard directories: merge by seq position.
+
+    At one position, frames of the topic's current shard (index `current` in the
+    scan list) come last: the other directories were written under an older
+    shard count. Between older directories the order is a guess (later-listed
+    first); recovery checkpoints right after any layout change, so at most one
+    change is ever pending.
+    """
+    keyed: list[tuple[int, int, int, int, int, Frame, ScannedFile]] = []
+    for pc in plist:
+        for r in pc.rows.tolist():
+            fr = decode_frame(pc.file.buf, int(pc.file.cols["off"][r]))
+            if isinstance(fr, Frame):
+                pos, rank = _position(fr)
+                cur = 1 if pc.si == current else 0
+                keyed.append((pos, rank, cur, -pc.si, fr.offset, fr, pc.file))
+    keyed.sort(key=lambda x: x[:5])
+    for *_k, fr, f in keyed:
+        _apply_frame(ctx, tid, fr, f)
+    return len(keyed)

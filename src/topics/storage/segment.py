@@ -21,10 +21,11 @@ the read/verify path::
 
 Invariants:
 
-* **Write order.** The writer puts a frame's `.data` bytes before its `.idx`
-  entry, and :meth:`SegmentWriter.flush` fdatasyncs `.data` before `.idx`, so a
-  durable entry never points at bytes that are not durable (the reader still
-  checks: an entry past the end of `.data` is :class:`SegmentCorrupt`).
+* **Write order.** Appends write `.data` at once and keep their `.idx` entries
+  in memory; :meth:`SegmentWriter.flush` fdatasyncs `.data`, then writes and
+  fdatasyncs the entries, so no `.idx` entry ever points at bytes that are not
+  durable (the reader still checks: an entry past the end of `.data` is
+  :class:`SegmentCorrupt`).
 * **Sealed segments are immutable.** A checksum, length or seq mismatch on read
   raises :class:`SegmentCorrupt` -- never a silent skip or truncation. Only the
   active segment can have a torn tail, and only :meth:`SegmentWriter.resume`
@@ -269,9 +270,9 @@ class SegmentWriter:
 
     Seed 0 "Checkpointing the WAL into segments" / "Sealing triggers". The
     constructor creates both files (and the directory); it refuses to clobber a
-    non-empty existing segment (:meth:`resume` reopens one). Appends are written
-    through at once (`.data` bytes, then `.idx` entries) but are durable only
-    after :meth:`flush`. Not thread-safe: one writer per segment.
+    non-empty existing segment (:meth:`resume` reopens one). Appends write their
+    `.data` bytes at once; their `.idx` entries are written by :meth:`flush`,
+    after `.data` is durable. Not thread-safe: one writer per segment.
 
     Raises:
         FileExistsError: a non-empty `.data` or `.idx` already exists.
@@ -311,6 +312,8 @@ class SegmentWriter:
         self._sealed = False
         self._closed = False
         self._dirty = False
+        self._pending_idx: list[bytes] = []
+        self._idx_on_disk = 0
 
     @classmethod
     def resume(
@@ -364,6 +367,7 @@ class SegmentWriter:
                 w._data.truncate(end)
                 w._data.fdatasync()
             w._count = good
+            w._idx_on_disk = good
             w._data_size = end
             if good:
                 w._first_ts = int(entries["ts"][0])
@@ -423,6 +427,12 @@ class SegmentWriter:
     def info(self) -> SegmentInfo:
         return SegmentInfo(self.first_seq, self.last_seq, self._count, self._data_size)
 
+    def idx_bytes(self) -> bytes:
+        """Every `.idx` entry appended so far (those not flushed yet included)."""
+        return self._idx.pread(self._idx_on_disk * IDX_ENTRY_SIZE, 0) + b"".join(
+            self._pending_idx
+        )
+
     # -- appends --
 
     def append(self, frame: bytes, ts: int, flags: int) -> int:
@@ -458,7 +468,7 @@ class SegmentWriter:
             n = len(frame)
             if n < MIN_FRAME_LEN or int.from_bytes(frame[0:4], "little") != n - 4:
                 raise ValueError("not a segment frame: frame_len must equal len(frame) - 4")
-            if not 0 <= fl <= 0xFF or fl == DELETED:
+            if not 0 <= fl <= 0xFF:
                 raise ValueError(f"invalid frame flags {fl:#x}")
             offsets.append(pos)
             lens.append(n)
@@ -467,7 +477,8 @@ class SegmentWriter:
             raise ValueError("segment .data would exceed the u32 offset range; seal first")
         entries = _entries(offsets, lens, ts, flags)
         write_all(self._data, b"".join(frames), self._data_size)
-        write_all(self._idx, entries.tobytes(), self._count * IDX_ENTRY_SIZE)
+        # The entries reach `.idx` in flush(), after `.data` is durable.
+        self._pending_idx.append(entries.tobytes())
         if self._first_ts is None:
             self._first_ts = int(ts[0])
         self._data_size = pos
@@ -487,6 +498,11 @@ class SegmentWriter:
             raise SegmentError(f"segment {self.paths.data} is closed")
         if self._dirty or not self._dir_synced:
             self._data.fdatasync()
+            if self._pending_idx:
+                pending = b"".join(self._pending_idx)
+                write_all(self._idx, pending, self._idx_on_disk * IDX_ENTRY_SIZE)
+                self._pending_idx.clear()
+                self._idx_on_disk += len(pending) // IDX_ENTRY_SIZE
             self._idx.fdatasync()
             self._dirty = False
         if not self._dir_synced:

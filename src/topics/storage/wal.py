@@ -42,10 +42,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import repeat
 from typing import Any
 
-from topics.storage.frame import APPEND, F_BATCH_MORE, End, Frame, Torn, scan
+import numpy as np
+import numpy.typing as npt
+
+from topics.storage.frame import APPEND, F_BATCH_MORE, End, Frame, Torn, decode_frame, scan_columns
 from topics.storage.fs import File, Fs, write_all
 
 __all__ = [
@@ -54,6 +56,8 @@ __all__ = [
     "WalFull",
     "WalReadOnly",
     "ShardScan",
+    "ScannedFile",
+    "WalPosition",
     "scan_shard",
     "wal_file_name",
     "DEFAULT_FILE_BYTES",
@@ -74,6 +78,15 @@ class WalFull(Exception):
 
 class WalReadOnly(Exception):
     """The shard is latched read-only after a sync or rotation failure (500)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WalPosition:
+    """A place in a shard's log: the frame at byte `offset` of `file`, shard-wide `index`."""
+
+    file: str
+    offset: int
+    index: int
 
 
 def wal_file_name(first_index: int) -> str:
@@ -98,6 +111,8 @@ class WalEntry:
     fsync_ms: float = 0.0
     error: BaseException | None = None
     index: int = 0  # shard-wide index of the entry's first frame
+    file: str = ""  # the log file it was written to, and its byte offset there
+    offset: int = 0
     # The engine already acknowledged this entry at enqueue (disk/memory classes);
     # if writing it fails, the shard latches read-only rather than carry on past
     # a hole in acknowledged data.
@@ -129,15 +144,52 @@ class WalMetrics:
 
 
 @dataclass
-class ShardScan:
-    """What recovery found in a shard: valid frames in order and where the log ends."""
+class ScannedFile:
+    """One WAL file as recovery read it.
 
-    frames: list[tuple[str, Frame]]  # (file name, frame)
+    `buf` holds the file's bytes (the valid prefix only, when that is much
+    shorter than the file); `cols` has one WAL_COLS_DTYPE row per valid frame
+    from where the scan started in this file; `first_index` is the shard-wide
+    index of `cols[0]`.
+    """
+
+    name: str
+    buf: bytes
+    cols: npt.NDArray[np.void]
+    first_index: int
+
+
+@dataclass
+class ShardScan:
+    """What recovery found in a shard: valid frames in order and where the log ends.
+
+    `files` are the files read, in order, from the start position on (a
+    checkpoint position skips whole files before it and the frames before it in
+    its own file).
+    """
+
+    dir: str
+    files: list[ScannedFile]
     end_file: str | None  # file holding the logical end (None: no files)
     end_offset: int  # byte offset of the logical end inside end_file
     next_index: int  # shard-wide index the next frame gets
     torn: Torn | None  # the invalid frame that ended the log, if any
     later_files: list[str]  # files after the end (to be removed on open)
+
+    @property
+    def frame_count(self) -> int:
+        return sum(len(f.cols) for f in self.files)
+
+    @property
+    def frames(self) -> list[tuple[str, Frame]]:
+        """Every scanned frame decoded, as `(file name, frame)` (tools and tests)."""
+        out: list[tuple[str, Frame]] = []
+        for f in self.files:
+            for off in f.cols["off"].tolist():
+                fr = decode_frame(f.buf, off)
+                assert isinstance(fr, Frame)
+                out.append((f.name, fr))
+        return out
 
 
 def _list_wal_files(fs: Fs, d: str) -> list[str]:
@@ -152,25 +204,44 @@ def _first_index(name: str) -> int:
     return int(name[4:-4])
 
 
-def scan_shard(fs: Fs, d: str) -> ShardScan:
-    """Read every file of a shard in order and stop at the first invalid frame.
+def scan_shard(fs: Fs, d: str, start: WalPosition | None = None) -> ShardScan:
+    """Read a shard's files in order and stop at the first invalid frame.
 
-    Raises OSError from the filesystem. Never raises on corrupt bytes: the
-    first torn frame (or zeroed space) is the logical end of the shard.
+    With `start`, files wholly before it are not read and the scan of its own
+    file begins at its byte offset (the frames before a checkpoint position are
+    already reflected in the snapshot that names it). Raises OSError from the
+    filesystem. Never raises on corrupt bytes: the first torn frame (or zeroed
+    space) is the logical end of the shard.
     """
     files = _list_wal_files(fs, d)
-    frames: list[tuple[str, Frame]] = []
+    scanned: list[ScannedFile] = []
     if not files:
-        return ShardScan(frames, None, 0, 0, None, [])
-    for i, name in enumerate(files):
+        return ShardScan(d, scanned, None, 0, 0, None, [])
+    first = 0
+    if start is not None:
+        # Skip every file whose successor begins at or before the start index.
+        while first + 1 < len(files) and _first_index(files[first + 1]) <= start.index:
+            first += 1
+    for i in range(first, len(files)):
+        name = files[i]
         f = fs.open(posixpath.join(d, name))
         try:
             buf = f.pread(f.size(), 0)
         finally:
             f.close()
-        res = scan(buf)
-        frames.extend(zip(repeat(name), res.frames))
-        nxt = _first_index(name) + len(res.frames)
+        base_index = _first_index(name)
+        begin = 0
+        if start is not None and i == first and name == start.file:
+            begin = start.offset
+            base_index = start.index
+        res = scan_columns(buf, begin)
+        cols = res.cols
+        if start is not None and i == first and base_index < start.index:
+            # The named file is gone: drop the frames before the start index here.
+            drop = min(start.index - base_index, len(cols))
+            cols = cols[drop:]
+            base_index += drop
+        nxt = base_index + len(cols)
         # A rotated file ends in zeroed space; the log continues in the next file
         # only when that file starts exactly at the next frame index.
         last = i == len(files) - 1
@@ -180,14 +251,14 @@ def scan_shard(fs: Fs, d: str) -> ShardScan:
             # follow": drop them, so the whole write is gone (all-or-nothing).
             cut = 0
             while (
-                cut < len(res.frames)
-                and res.frames[-1 - cut].type == APPEND
-                and res.frames[-1 - cut].flags & F_BATCH_MORE
+                cut < len(cols)
+                and cols["type"][len(cols) - 1 - cut] == APPEND
+                and cols["flags"][len(cols) - 1 - cut] & F_BATCH_MORE
             ):
                 cut += 1
             if cut:
-                end = res.frames[-cut].offset
-                del frames[-cut:]
+                end = int(cols["off"][len(cols) - cut])
+                cols = cols[: len(cols) - cut]
                 nxt -= cut
                 torn = Torn(end, "incomplete write")
             if torn is None and buf.count(0, end) != len(buf) - end:
@@ -195,7 +266,11 @@ def scan_shard(fs: Fs, d: str) -> ShardScan:
                 # later data (files are zero-filled, so nothing else leaves bytes
                 # there). Report it rather than let the repair erase it silently.
                 torn = Torn(end, "data after a zeroed frame")
-            return ShardScan(frames, name, end, nxt, torn, files[i + 1 :])
+            if end < len(buf) // 4:
+                buf = buf[:end]  # keep only the used part of a mostly empty file
+            scanned.append(ScannedFile(name, buf, cols, base_index))
+            return ShardScan(d, scanned, name, end, nxt, torn, files[i + 1 :])
+        scanned.append(ScannedFile(name, buf, cols, base_index))
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -240,15 +315,17 @@ class WalShard:
     # ------------------------------------------------------------ lifecycle
 
     @classmethod
-    def open(cls, fs: Fs, directory: str, **kw: Any) -> tuple[WalShard, ShardScan]:
+    def open(
+        cls, fs: Fs, directory: str, start: WalPosition | None = None, **kw: Any
+    ) -> tuple[WalShard, ShardScan]:
         """Recover the shard's tail and start writing after it.
 
-        Returns the shard and the scan (the valid frames, for replay). Raises
-        OSError when the directory cannot be read, repaired or preallocated.
+        Returns the shard and the scan (the valid frames from `start`, for replay).
+        Raises OSError when the directory cannot be read, repaired or preallocated.
         """
         shard = cls(fs, directory, **kw)
         fs.makedirs(directory)
-        found = scan_shard(fs, directory)
+        found = scan_shard(fs, directory, start)
         shard._adopt(found)
         shard._start()
         return shard, found
@@ -528,9 +605,13 @@ class WalShard:
             return False
         self._offset = start + size
         index = self._next_index
+        off = start
         for e in chunk:
             e.index = index
+            e.file = self._file_name
+            e.offset = off
             index += e.frames
+            off += len(e.data)
         self._next_index = index
         self.metrics.frames += sum(e.frames for e in chunk)
         self.metrics.bytes_written += size
@@ -586,10 +667,32 @@ class WalShard:
     def files(self) -> list[str]:
         return _list_wal_files(self.fs, self.dir)
 
+    def prune(self, before: WalPosition) -> list[str]:
+        """Delete the files whose every frame precedes `before` (never the active file).
+
+        Called by the checkpointer once a snapshot that no longer needs them is
+        durable. Returns the names removed; raises OSError from the fs.
+        """
+        return prune_files(self.fs, self.dir, before, keep=self._file_name)
+
     @property
     def position(self) -> tuple[str, int, int]:
         """(active file, byte offset of the tail, next frame index)."""
         return self._file_name, self._offset, self._next_index
+
+
+def prune_files(fs: Fs, d: str, before: WalPosition, keep: str = "") -> list[str]:
+    """Delete WAL files in `d` wholly before `before` (a file goes when its successor
+    starts at or before `before.index`); `keep` is never deleted. Returns the names."""
+    files = _list_wal_files(fs, d)
+    gone: list[str] = []
+    for i in range(len(files) - 1):
+        if _first_index(files[i + 1]) <= before.index and files[i] != keep:
+            fs.unlink(posixpath.join(d, files[i]))
+            gone.append(files[i])
+    if gone:
+        fs.fsync_dir(d)
+    return gone
 
 
 def is_end(x: object) -> bool:

@@ -1,0 +1,671 @@
+"""The checkpointer: WAL frames into segment files, metadata snapshots, WAL pruning.
+
+One cycle (seed 0 "Checkpointing the WAL into segments", "Metadata snapshots";
+SEMANTICS §17), all state changes on the event loop, all file work in a thread:
+
+1. **Marks** (loop): take every topic's pending delete-flag flips and live
+   floor, note the topic instances that were deleted, then log one
+   CheckpointMark per shard (synced). Everything logged before a mark precedes
+   it in its shard, and its sync makes that durable: the effects taken here
+   (flips, segment drops, directory removals) are safe to apply to segment
+   files once the marks are done.
+2. **Capture** (loop, when every mark is durable): the metadata snapshot body
+   and, per non-ephemeral topic, the slots not yet in a segment together with
+   the in-memory chunks holding their frames. Marks and capture describe the
+   same cut of the log: replay from the marks onto the snapshot re-applies
+   only frames logged after the marks (see :mod:`topics.storage.meta`).
+3. **Files** (thread): flip delete flags, seal segments by age, drop whole
+   segments below the live floor or fully deleted, append the captured frames
+   to each topic's active segment (WAL frame -> segment frame: the type byte
+   dropped, the checksum recomputed; holes become header-only frames flagged
+   0xD5), sealing on the count and size triggers, fdatasync every touched file,
+   remove deleted topics' directories, write `meta/snapshot.NNNN.bin`, then
+   delete WAL files that no retained snapshot needs.
+4. **Re-point** (loop): slots of the written records now point into the
+   segments; their chunks are freed.
+
+A failure in step 3 writes no snapshot (the WAL keeps everything) and the
+affected topics resume their active segment from disk on the next cycle.
+Cycles run every `interval_ms` when anything changed, after `wal_bytes` of WAL
+growth, and at graceful shutdown (checked every `check_s` seconds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import posixpath
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import xxhash
+
+from topics.engine.index import LOC_HOLE, SlotArray
+from topics.engine.topic import CHUNK_BASE, Topic
+from topics.errors import TopicsError
+from topics.storage.frame import encode_segment_record
+from topics.storage.fs import Fs
+from topics.storage.meta import capture_meta
+from topics.storage.segment import SegmentWriter, segment_paths
+from topics.storage.snapshot import (
+    decode_snapshot,
+    list_snapshots,
+    next_snapshot_number,
+    write_snapshot,
+)
+from topics.storage.topicstore import (
+    SegmentSource,
+    SegMeta,
+    TopicStore,
+    flip_deleted,
+    remove_topic_dir,
+)
+from topics.storage.wal import WalEntry, WalPosition, prune_files
+
+if TYPE_CHECKING:
+    from topics.engine.core import Engine
+    from topics.storage.journal import WalJournal
+
+__all__ = ["CheckpointConfig", "CheckpointReport", "Checkpointer", "CheckpointFailed"]
+
+log = logging.getLogger("topics.checkpoint")
+
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_WAL_SEQ = 14  # byte offset of `seq` in a WAL frame
+
+
+class CheckpointFailed(Exception):
+    """A cycle could not complete (nothing was pruned; the WAL still holds everything)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointConfig:
+    """Knobs of the checkpointer (seed 0 defaults; SEMANTICS §17)."""
+
+    segment_max_events: int = 10_000
+    segment_max_bytes: int = 67_108_864
+    segment_max_age_ms: int = 3_600_000
+    interval_ms: int = 60_000
+    wal_bytes: int = 67_108_864
+    check_s: float = 5.0
+
+
+@dataclass
+class CheckpointReport:
+    """What one cycle did (all counts for this cycle)."""
+
+    snapshot: int = 0
+    topics: int = 0
+    records: int = 0
+    bytes: int = 0
+    sealed: int = 0
+    dropped: int = 0
+    flips: int = 0
+    wal_pruned: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class _Plan:
+    topic: Topic
+    store: TopicStore
+    first: int  # first seq to write
+    rows: SlotArray  # slots first .. first + len - 1 (a copy)
+    chunks: dict[int, bytes]
+    flips: list[int]
+    drop_below: int
+
+
+@dataclass
+class _Result:
+    plan: _Plan
+    locs: np.ndarray[Any, Any] | None = None  # per written row: segment loc, offset, len
+    offs: np.ndarray[Any, Any] | None = None
+    lens: np.ndarray[Any, Any] | None = None
+    new_sources: dict[int, SegmentSource] = field(default_factory=dict)
+    sealed: list[int] = field(default_factory=list)
+    dropped: list[int] = field(default_factory=list)
+    error: BaseException | None = None
+
+
+class Checkpointer:
+    """Runs checkpoint cycles for one engine and its WAL journal.
+
+    `stores` are the segment stores recovery loaded (topic id -> store);
+    `snapshot_wal` the WAL positions of the snapshot recovery started from (the
+    fallback once a newer one is written); `absorbed` the shard directories of an
+    older shard layout that the next snapshot fully absorbs (their end positions).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        journal: WalJournal,
+        fs: Fs,
+        data_dir: str,
+        config: CheckpointConfig | None = None,
+        *,
+        stores: dict[int, TopicStore] | None = None,
+        absorbed: dict[str, WalPosition] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.journal = journal
+        self.fs = fs
+        self.data_dir = data_dir
+        self.meta_dir = posixpath.join(data_dir, "meta")
+        self.cfg = config or CheckpointConfig()
+        self.stores: dict[int, TopicStore] = dict(stores or {})
+        self.absorbed: dict[str, WalPosition] = dict(absorbed or {})
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self._last_bytes = journal.bytes_written()
+        self._last_mono = time.monotonic()
+        self.cycles = 0
+        self.failures = 0
+        self.last: CheckpointReport | None = None
+        self._stopped = False
+        self._force = False
+
+    # ------------------------------------------------------------ scheduling
+
+    def start(self) -> None:
+        """Start the periodic trigger check on the running loop."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        """Stop the periodic trigger and wait for a running cycle to finish."""
+        self._stopped = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        async with self._lock:
+            pass
+
+    def force_next(self) -> None:
+        """Make the next trigger check run a cycle (e.g. after a large WAL replay)."""
+        self._force = True
+
+    def due(self) -> bool:
+        """True when a cycle should run now (WAL growth, elapsed time, segment age)."""
+        if self._force:
+            return True
+        grown = self.journal.bytes_written() - self._last_bytes
+        if self.cfg.wal_bytes and grown >= self.cfg.wal_bytes:
+            return True
+        elapsed_ms = (time.monotonic() - self._last_mono) * 1000
+        if self.cfg.interval_ms and elapsed_ms >= self.cfg.interval_ms:
+            if grown > 0 or any(t.flip_seqs for t in self.engine.topics.values()):
+                return True
+            return self._age_due()
+        return False
+
+    def _age_due(self) -> bool:
+        max_age = self.cfg.segment_max_age_ms
+        if not max_age:
+            return False
+        now = self.engine.clock.now_ms()
+        for st in list(self.stores.values()):
+            w = st.writer
+            if w is not None and w.count and w.age_ms(now) >= max_age:
+                return True
+        return False
+
+    async def _run(self) -> None:
+        while not self._stopped:
+            await asyncio.sleep(self.cfg.check_s)
+            if self._stopped or not self.due():
+                continue
+            try:
+                await self.checkpoint()
+            except Exception as exc:  # logged; the next trigger retries
+                log.error("checkpoint failed: %s", exc)
+
+    # ------------------------------------------------------------ one cycle
+
+    async def checkpoint(self, *, final: bool = False) -> CheckpointReport:
+        """Run one cycle now (serialised with any other). Raises CheckpointFailed.
+
+        `final` (graceful shutdown) records exact heads instead of reservations.
+        """
+        async with self._lock:
+            t0 = time.perf_counter()
+            try:
+                report = await self._cycle(final)
+            except BaseException:
+                self.failures += 1
+                raise
+            report.seconds = time.perf_counter() - t0
+            self._force = False
+            self.cycles += 1
+            self.last = report
+            return report
+
+    async def _cycle(self, final: bool) -> CheckpointReport:
+        eng = self.engine
+        journal = self.journal
+        # 1. Marks.
+        flips: dict[int, list[int]] = {}
+        floors: dict[int, int] = {}
+        alive: dict[int, Topic] = {}
+        # Records deleted before the marks, not yet in a segment: their deletes are
+        # durable once the marks are, so they are written without their data.
+        deleted: dict[int, np.ndarray[Any, Any]] = {}
+        for t in eng.topics.values():
+            alive[t.topic_id] = t
+            floors[t.topic_id] = t.earliest_seq
+            if t.flip_seqs:
+                flips[t.topic_id], t.flip_seqs = t.flip_seqs, []
+            first = max(t.ckpt_seq + 1, t.base_seq)
+            if first <= t.head_seq:
+                w = t.index.window(first - t.base_seq, t.head_seq - first + 1)
+                d = np.flatnonzero(w["flags"] == 0xD5)
+                if len(d):
+                    deleted[t.topic_id] = d + first
+        gone = [tid for tid in self.stores if tid not in alive]
+        mark_bodies = self._mark_bodies(alive)
+        futs: list[asyncio.Future[WalEntry | None]] = []
+        try:
+            for i, body in enumerate(mark_bodies):
+                futs.append(journal.mark(i, body, eng.clock.now_ms()))
+        except TopicsError as exc:
+            self._give_back(flips)
+            raise CheckpointFailed(f"cannot log checkpoint marks: {exc.detail}") from None
+        entries = await asyncio.gather(*futs)
+        if any(e is None for e in entries):
+            self._give_back(flips)
+            raise CheckpointFailed("a checkpoint mark could not be made durable")
+        # 2. Capture: snapshot body and the records not yet in a segment.
+        meta = capture_meta(
+            eng, journal.reserved, journal.router_ops, journal.topic_ids, exact_heads=final
+        )
+        wal: dict[str, list[Any]] = {}
+        for sh, e in zip(journal.shards, entries, strict=True):
+            assert e is not None
+            wal[self._rel(sh.dir)] = [e.file, e.offset, e.index]
+        for d, pos in self.absorbed.items():
+            wal[self._rel(d)] = [pos.file, pos.offset, pos.index]
+        meta["wal"] = wal
+        plans = [
+            p for t in alive.values() if (p := self._plan(t, flips, floors, deleted)) is not None
+        ]
+        # Stores for topics that have none yet are made here, on the loop.
+        report = CheckpointReport(topics=len(plans))
+        results = await asyncio.to_thread(self._files, plans, gone, meta, report)
+        # 4. Re-point.
+        failed = self._apply(results, report)
+        self._last_bytes = journal.bytes_written()
+        self._last_mono = time.monotonic()
+        if failed is not None:
+            raise CheckpointFailed(f"segment write failed: {failed}")
+        return report
+
+    def _give_back(self, flips: dict[int, list[int]]) -> None:
+        for t in self.engine.topics.values():
+            got = flips.get(t.topic_id)
+            if got:
+                t.flip_seqs = got + t.flip_seqs
+
+    def _rel(self, d: str) -> str:
+        return posixpath.relpath(d, self.data_dir)
+
+    def _mark_bodies(self, alive: dict[int, Topic]) -> list[dict[str, Any]]:
+        from topics.storage.journal import shard_of
+
+        n = len(self.journal.shards)
+        bodies: list[dict[str, Any]] = [{"shard": i, "topics": {}} for i in range(n)]
+        for tid, t in alive.items():
+            st = self.stores.get(tid)
+            active = st.segs[-1] if st is not None and st.segs else None
+            bodies[shard_of(tid, n)]["topics"][tid] = {
+                "seq": t.ckpt_seq,
+                "segment": active.first_seq if active is not None else 0,
+                "data_len": active.data_bytes if active is not None else 0,
+            }
+        return bodies
+
+    def _plan(
+        self,
+        t: Topic,
+        flips: dict[int, list[int]],
+        floors: dict[int, int],
+        deleted_at_marks: dict[int, np.ndarray[Any, Any]],
+    ) -> _Plan | None:
+        tid = t.topic_id
+        store = self.stores.get(tid)
+        fl = flips.get(tid, [])
+        first = max(t.ckpt_seq + 1, t.base_seq)
+        last = t.head_seq
+        writes = t.config.durability != "ephemeral" and first <= last
+        if not writes and not fl and store is None:
+            return None
+        if store is None:
+            from topics.storage.segment import topic_dir
+
+            store = self.stores[tid] = TopicStore(tid, topic_dir(self.data_dir, tid))
+        rows = np.zeros(0, dtype=t.index.view().dtype)
+        chunks: dict[int, bytes] = {}
+        if writes:
+            idx = t.index
+            rows = idx.window(first - idx.base_seq, last - first + 1).copy()
+            deleted = np.flatnonzero(rows["flags"] == 0xD5) + first
+            if len(deleted):
+                durable = np.isin(deleted, deleted_at_marks.get(tid, np.zeros(0, np.int64)))
+                # Deleted before the marks: a header-only frame flagged deleted.
+                rows["loc"][deleted[durable] - first] = LOC_HOLE
+                # Deleted since: written with its data; the flag is flipped once the
+                # delete is known durable (the next cycle's marks).
+                t.flip_seqs.extend(deleted[~durable].tolist())
+            for loc in np.unique(rows["loc"]).tolist():
+                if loc == LOC_HOLE:
+                    continue
+                src = t.sources.get(loc)
+                buf = getattr(src, "buf", None)
+                if loc < CHUNK_BASE or not isinstance(buf, bytes):
+                    raise CheckpointFailed(f"topic {t.name}: seq slot points at {loc:#x}")
+                chunks[loc] = buf
+            t.ckpt_claim = last
+        else:
+            first = last + 1
+        return _Plan(t, store, first, rows, chunks, fl, floors.get(tid, 0))
+
+    # ------------------------------------------------------------ file work (thread)
+
+    def _files(
+        self,
+        plans: list[_Plan],
+        gone: list[int],
+        meta: dict[str, Any],
+        report: CheckpointReport,
+    ) -> list[_Result]:
+        fs = self.fs
+        results: list[_Result] = []
+        now = int(meta["taken_ms"])
+        ok = True
+        for p in plans:
+            r = _Result(p)
+            try:
+                self._topic_files(p, r, now, report)
+            except Exception as exc:  # OSError, FrameCorrupt...: the cycle writes no snapshot
+                log.error("checkpoint of topic %s failed: %s", p.topic.name, exc)
+                r.error = exc
+                ok = False
+                self._reset_writer(p.store)
+            results.append(r)
+        if not ok:
+            return results
+        for tid in gone:
+            st = self.stores.pop(tid, None)
+            if st is not None and st.writer is not None:
+                st.writer.close()
+            try:
+                remove_topic_dir(fs, self.data_dir, tid)
+            except OSError as exc:
+                log.warning("cannot remove the files of deleted topic %016x: %s", tid, exc)
+        n = next_snapshot_number(fs, self.meta_dir)
+        write_snapshot(fs, self.meta_dir, n, meta)
+        report.snapshot = n
+        try:
+            report.wal_pruned = self._prune(n)
+        except OSError as exc:
+            log.warning("WAL pruning failed (retried next time): %s", exc)
+        return results
+
+    def _reset_writer(self, store: TopicStore) -> None:
+        w, store.writer = store.writer, None
+        if w is not None:
+            w.close()
+
+    def _ensure_writer(self, store: TopicStore, first: int) -> SegmentWriter:
+        """The active writer, resumed from disk after a failure."""
+        w = store.writer
+        if w is None and store.segs and not store.segs[-1].sealed:
+            seg = store.segs[-1]
+            w = SegmentWriter.resume(
+                self.fs, store.dir, seg.first_seq, max_count=max(first - seg.first_seq, 0)
+            )
+            seg.count, seg.data_bytes = w.count, w.data_bytes
+            store.writer = w
+        assert w is not None or not store.segs or store.segs[-1].sealed
+        return w  # type: ignore[return-value]
+
+    def _seal(self, store: TopicStore, r: _Result, report: CheckpointReport) -> None:
+        w, store.writer = store.writer, None
+        if w is None:
+            return
+        seg = store.segs[-1]
+        if w.count == 0:
+            # An empty active segment is never sealed: it goes.
+            w.close()
+            for path in segment_paths(store.dir, seg.first_seq):
+                self.fs.unlink(path)
+            store.segs.pop()
+            r.dropped.append(seg.loc)
+            return
+        w.seal()
+        seg.sealed = True
+        r.sealed.append(seg.loc)
+        report.sealed += 1
+
+    def _open_segment(self, store: TopicStore, first: int, r: _Result, ts: int) -> SegmentWriter:
+        w = SegmentWriter(self.fs, store.dir, first)
+        store.writer = w
+        seg = SegMeta(first, 0, store.alloc_loc(), False, 0, 0, ts)
+        store.segs.append(seg)
+        r.new_sources[seg.loc] = SegmentSource(self.fs, w.paths.data, sealed=False)
+        return w
+
+    def _topic_files(self, p: _Plan, r: _Result, now: int, report: CheckpointReport) -> None:
+        cfg = self.cfg
+        store = p.store
+        fs = self.fs
+        if store.segs and not store.segs[-1].sealed:
+            self._ensure_writer(store, p.first if len(p.rows) else store.segs[-1].last_seq + 1)
+        # Delete flags of records already in segments (durable deletes only).
+        if p.flips:
+            by_seg: dict[int, list[int]] = {}
+            for s in p.flips:
+                seg = store.seg_for(s)
+                if seg is not None:
+                    by_seg.setdefault(seg.first_seq, []).append(s)
+            for first, seqs in by_seg.items():
+                seg = store.seg_for(first)
+                assert seg is not None
+                flip_deleted(fs, segment_paths(store.dir, first).idx, first, seqs)
+                seg.deleted += len(set(seqs))
+                report.flips += len(seqs)
+        # Age trigger.
+        w = store.writer
+        if (
+            w is not None
+            and w.count
+            and cfg.segment_max_age_ms
+            and w.age_ms(now) >= cfg.segment_max_age_ms
+        ):
+            self._seal(store, r, report)
+        # Whole segments below the live floor, or fully deleted (never the active one).
+        keep: list[SegMeta] = []
+        dropped_dir = False
+        for seg in store.segs:
+            if seg.sealed and (seg.last_seq < p.drop_below or seg.deleted >= seg.count):
+                for path in segment_paths(store.dir, seg.first_seq):
+                    fs.unlink(path)
+                r.dropped.append(seg.loc)
+                report.dropped += 1
+                dropped_dir = True
+            else:
+                keep.append(seg)
+        store.segs = keep
+        if dropped_dir:
+            fs.fsync_dir(store.dir)
+        # New records.
+        n = len(p.rows)
+        if not n:
+            if store.writer is not None:
+                store.writer.flush()
+            return
+        rows = p.rows
+        w = store.writer
+        if w is not None and w.next_seq != p.first:
+            self._seal(store, r, report)
+            w = None
+        locs = np.zeros(n, np.uint32)
+        offs = np.zeros(n, np.uint32)
+        lens = np.zeros(n, np.uint32)
+        tid = p.topic.topic_id
+        r_loc = rows["loc"].tolist()
+        r_off = rows["offset"].tolist()
+        r_len = rows["len"].tolist()
+        r_ts = rows["ts"].tolist()
+        max_events, max_bytes = cfg.segment_max_events, cfg.segment_max_bytes
+        i = 0
+        while i < n:
+            if w is None or w.count >= max_events or w.data_bytes >= max_bytes:
+                if w is not None:
+                    self._seal(store, r, report)
+                w = self._open_segment(store, p.first + i, r, r_ts[i])
+            room = max_events - w.count
+            budget = max_bytes - w.data_bytes
+            frames: list[bytes] = []
+            tss: list[int] = []
+            fls: list[int] = []
+            size = 0
+            j = i
+            while j < n and len(frames) < room and size < budget:
+                seq = p.first + j
+                loc = r_loc[j]
+                if loc == LOC_HOLE:
+                    fr = encode_segment_record(tid, seq, r_ts[j], None, None, b"", None, durable=False)
+                    fl = 0xD5
+                else:
+                    fr, fl = _segment_frame(p.chunks[loc], r_off[j], r_len[j], seq)
+                frames.append(fr)
+                tss.append(r_ts[j])
+                fls.append(fl)
+                size += len(fr)
+                j += 1
+            entries = w.append_many(frames, tss, fls)
+            seg = store.segs[-1]
+            seg.count = w.count
+            seg.data_bytes = w.data_bytes
+            seg.deleted += fls.count(0xD5)
+            locs[i:j] = seg.loc
+            offs[i:j] = entries["offset"]
+            lens[i:j] = entries["len"]
+            report.records += j - i
+            report.bytes += size
+            i = j
+            if w.count >= max_events or w.data_bytes >= max_bytes:
+                w.flush()
+                self._seal(store, r, report)
+                w = None
+        if store.writer is not None:
+            store.writer.flush()
+        r.locs, r.offs, r.lens = locs, offs, lens
+
+    def _prune(self, n: int) -> int:
+        """Delete WAL files no retained snapshot (the fallback included) still needs."""
+        fs = self.fs
+        keep: dict[str, WalPosition] = {}
+        for m, path in list_snapshots(fs, self.meta_dir):
+            if m == n:
+                continue
+            f = fs.open(path)
+            try:
+                body = decode_snapshot(f.pread(f.size(), 0))
+            finally:
+                f.close()
+            if not isinstance(body, dict):
+                continue
+            for d, pos in (body.get("wal") or {}).items():
+                wp = WalPosition(str(pos[0]), int(pos[1]), int(pos[2]))
+                if d not in keep or wp.index < keep[d].index:
+                    keep[d] = wp
+        if not keep:
+            return 0  # no fallback snapshot yet: every WAL file may still be needed
+        pruned = 0
+        for rel, pos in keep.items():
+            d = posixpath.join(self.data_dir, rel)
+            if rel in {self._rel(x) for x in self.absorbed}:
+                continue
+            pruned += len(prune_files(fs, d, pos))
+        # Shard directories of an older layout go once the fallback absorbs them too.
+        for d in list(self.absorbed):
+            if self._rel(d) in keep and keep[self._rel(d)].index >= self.absorbed[d].index:
+                for name in fs.listdir(d):
+                    fs.unlink(posixpath.join(d, name))
+                    pruned += 1
+                fs.fsync_dir(d)
+                fs.rmdir(d)
+                fs.fsync_dir(posixpath.dirname(d))
+                del self.absorbed[d]
+        return pruned
+
+    # ------------------------------------------------------------ re-point (loop)
+
+    def _apply(self, results: list[_Result], report: CheckpointReport) -> BaseException | None:
+        failed: BaseException | None = None
+        eng = self.engine
+        for r in results:
+            t = r.plan.topic
+            live = t.alive and eng.topics.get(t.name) is t
+            for loc, src in r.new_sources.items():
+                if live:
+                    t.sources[loc] = src
+                else:
+                    src.close()
+            for loc in r.sealed:
+                sealed = t.sources.get(loc)
+                if isinstance(sealed, SegmentSource):
+                    sealed.seal()
+            for loc in r.dropped:
+                gone = t.sources.pop(loc, None)
+                if isinstance(gone, SegmentSource):
+                    gone.close()
+            if r.error is not None:
+                failed = failed or r.error
+                t.ckpt_claim = t.ckpt_seq
+                continue
+            if not live or r.locs is None:
+                continue
+            p = r.plan
+            last = p.first + len(p.rows) - 1
+            idx = t.index
+            lo = max(p.first, idx.base_seq)
+            hi = min(last, idx.end_seq)
+            if lo <= hi:
+                w = idx.window(lo - idx.base_seq, hi - lo + 1)
+                k = lo - p.first
+                m = hi - lo + 1
+                w["loc"] = r.locs[k : k + m]
+                w["offset"] = r.offs[k : k + m]  # type: ignore[index]
+                w["len"] = r.lens[k : k + m]  # type: ignore[index]
+            t.ckpt_seq = max(t.ckpt_seq, last)
+            t.free_chunks()
+        return failed
+
+
+def _segment_frame(buf: bytes, o: int, ln: int, seq: int) -> tuple[bytes, int]:
+    """The segment frame of the WAL Append frame at `buf[o:o+ln]`, and its flags byte.
+
+    The WAL frame is checked first (length, seq, checksum): a damaged frame is
+    never re-checksummed into a valid one. Raises CheckpointFailed.
+    """
+    end = o + ln - 8
+    if (
+        ln < 46
+        or _U32.unpack_from(buf, o)[0] != ln - 4
+        or _U64.unpack_from(buf, o + _WAL_SEQ)[0] != seq
+        or xxhash.xxh3_64_intdigest(memoryview(buf)[o + 4 : end]) != _U64.unpack_from(buf, end)[0]
+    ):
+        raise CheckpointFailed(f"in-memory frame of seq {seq} does not verify")
+    body = _U32.pack(ln - 5) + buf[o + 5 : end]
+    return body + _U64.pack(xxhash.xxh3_64_intdigest(memoryview(body)[4:])), buf[o + 5]

@@ -1,0 +1,157 @@
+"""What a metadata snapshot holds, and how the engine is rebuilt from it.
+
+The snapshot body (one msgpack map inside `meta/snapshot.NNNN.bin`, see
+:mod:`topics.storage.snapshot`) is the engine's metadata at one instant of the
+event loop (SEMANTICS §17 "Snapshots"; seed 0 "Metadata snapshots")::
+
+    v               1
+    taken_ms        engine clock at capture
+    next_topic_id   ids below it were assigned before the capture
+    router_ops      router frames numbered at or below it are reflected here
+    topics          list of topic maps (below)
+    routers         router states (the RouterCreate body: definition, cursor,
+                    dest_base, forwarded_total, source/dest instance ids)
+    wal             shard directory (relative to the data dir) ->
+                    [file, byte offset, frame index] where replay starts
+
+    topic map: id, name, epoch, config (wire form), created_ms, head, last_ts,
+    l_cap, l_ttl, l_trim, delete_below, last_write_ms, last_read_ms,
+    ckpt (last seq in a segment), count, bytes, reserved (disk-class durable
+    head reservation, 0 = exact), queue (lease projection of a
+    `leases_durable` queue, or null)
+
+Replay from the recorded positions applies only frames logged after the
+capture; the few frame kinds that are not naturally idempotent on a state that
+already includes them are filtered by `next_topic_id` (TopicCreate) and
+`router_ops` (RouterCreate/RouterDelete).
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import TYPE_CHECKING, Any
+
+from topics.engine.topic import Topic
+from topics.engine.topic_config import parse_topic_config
+
+if TYPE_CHECKING:
+    from topics.engine.core import Engine
+    from topics.engine.queues import QueueState
+
+__all__ = ["SNAPSHOT_VERSION", "capture_meta", "topic_meta", "restore_topic", "restore_queue"]
+
+SNAPSHOT_VERSION = 1
+
+
+def _queue_meta(q: QueueState) -> dict[str, Any]:
+    return {
+        "leases": [[s, ls.node, ls.lease_id, ls.deadline_ms] for s, ls in q.leases.items()],
+        "deliveries": [[s, n] for s, n in q.deliveries.items()],
+        "delayed": [[r, s] for r, s in q.delayed],
+        "reclaim": sorted(q.reclaim_set),
+        "claim_cursor": q.claim_cursor,
+        "next_lease_id": q.next_lease_id,
+        "dead_lettered": q.dead_lettered,
+    }
+
+
+def restore_queue(q: QueueState, m: dict[str, Any]) -> None:
+    """Install a snapshotted lease projection into an empty QueueState."""
+    from topics.engine.queues import Lease
+
+    for s, node, lease_id, deadline in m.get("leases", []):
+        q.add_lease(int(s), Lease(str(node), int(lease_id), int(deadline), None))
+    q.deliveries = {int(s): int(n) for s, n in m.get("deliveries", [])}
+    q.delayed = [(int(r), int(s)) for r, s in m.get("delayed", [])]
+    heapq.heapify(q.delayed)
+    for s in m.get("reclaim", []):
+        q.push_reclaim(int(s))
+    q.claim_cursor = int(m.get("claim_cursor", 1))
+    q.next_lease_id = int(m.get("next_lease_id", 1))
+    q.dead_lettered = int(m.get("dead_lettered", 0))
+
+
+def topic_meta(t: Topic, reserved: int) -> dict[str, Any]:
+    """The snapshot map of one topic instance."""
+    cfg = t.config
+    q = t.queue if cfg.leases_durable and cfg.durability != "ephemeral" else None
+    return {
+        "id": t.topic_id,
+        "name": t.name,
+        "epoch": t.epoch,
+        "config": cfg.to_wire(),
+        "created_ms": t.created_ms,
+        "head": t.head_seq,
+        "last_ts": t.last_ts,
+        "l_cap": t.l_cap,
+        "l_ttl": t.l_ttl,
+        "l_trim": t.l_trim,
+        "delete_below": t.delete_below,
+        "last_write_ms": t.last_write_ms,
+        "last_read_ms": t.last_read_ms,
+        "ckpt": t.ckpt_seq,
+        "count": t.live_count,
+        "bytes": t.live_bytes,
+        "reserved": reserved,
+        "queue": _queue_meta(q) if q is not None else None,
+    }
+
+
+def capture_meta(
+    engine: Engine,
+    reserved: dict[int, int],
+    router_ops: int,
+    topic_ids: Any,
+    *,
+    exact_heads: bool = False,
+) -> dict[str, Any]:
+    """The snapshot body (without `wal`) for the engine's state right now.
+
+    `reserved` maps topic id -> durable head reservation of `disk` topics; with
+    `exact_heads` (a clean shutdown) no reservation is recorded, so the next start
+    keeps each head exactly.
+    """
+    from topics.engine.routers import router_wire_state
+
+    topics = [
+        topic_meta(t, 0 if exact_heads else reserved.get(t.topic_id, 0))
+        for t in engine.topics.values()
+    ]
+    routers: list[dict[str, Any]] = []
+    if engine.routers is not None:
+        routers = [router_wire_state(r, topic_ids) for r in engine.routers.routers()]
+    return {
+        "v": SNAPSHOT_VERSION,
+        "taken_ms": engine.clock.now_ms(),
+        "next_topic_id": engine.next_topic_id,
+        "router_ops": router_ops,
+        "topics": topics,
+        "routers": routers,
+    }
+
+
+def restore_topic(engine: Engine, m: dict[str, Any]) -> Topic:
+    """Register a topic instance from its snapshot map (no records yet; recovery attaches them)."""
+    name = str(m["name"])
+    cfg = parse_topic_config(m.get("config"), name)
+    t = Topic(name, int(m["id"]), cfg, int(m.get("created_ms", 0)), engine.totals, engine.nodes)
+    t.on_floor_advance = engine._floor_advanced
+    t.epoch = int(m.get("epoch", 1))
+    head = int(m.get("head", 0))
+    t.index.clear_to(head + 1)
+    t.head_seq = head
+    t.next_seq = head + 1
+    t.last_ts = int(m.get("last_ts", 0))
+    t.l_cap = int(m.get("l_cap", 0))
+    t.l_ttl = int(m.get("l_ttl", 0))
+    t.l_trim = int(m.get("l_trim", 0))
+    t.delete_below = int(m.get("delete_below", 0))
+    lw, lr = m.get("last_write_ms"), m.get("last_read_ms")
+    t.last_write_ms = int(lw) if lw is not None else None
+    t.last_read_ms = int(lr) if lr is not None else None
+    engine.topics[name] = t
+    engine.on_topic_created(t)
+    qm = m.get("queue")
+    if qm and engine.queues is not None and cfg.is_queue:
+        restore_queue(engine.queues.state(t), qm)
+    return t
