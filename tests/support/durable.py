@@ -45,8 +45,8 @@ from topics.engine.queues import Queues
 from topics.engine.routers import RouterSet
 from topics.engine.topic import PendingWrite
 from topics.errors import TopicsError
-from topics.storage.fs import Fs
 from topics.storage.checkpoint import CheckpointConfig, CheckpointReport
+from topics.storage.fs import Fs
 from topics.storage.journal import WalJournal, shard_of
 from topics.storage.recovery import RecoveryReport
 from topics.storage.runtime import Storage, StorageConfig

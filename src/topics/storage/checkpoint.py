@@ -543,7 +543,9 @@ class Checkpointer:
                 seq = p.first + j
                 loc = r_loc[j]
                 if loc == LOC_HOLE:
-                    fr = encode_segment_record(tid, seq, r_ts[j], None, None, b"", None, durable=False)
+                    fr = encode_segment_record(
+                        tid, seq, r_ts[j], None, None, b"", None, durable=False
+                    )
                     fl = 0xD5
                 else:
                     fr, fl = _segment_frame(p.chunks[loc], r_off[j], r_len[j], seq)

@@ -429,9 +429,7 @@ class SegmentWriter:
 
     def idx_bytes(self) -> bytes:
         """Every `.idx` entry appended so far (those not flushed yet included)."""
-        return self._idx.pread(self._idx_on_disk * IDX_ENTRY_SIZE, 0) + b"".join(
-            self._pending_idx
-        )
+        return self._idx.pread(self._idx_on_disk * IDX_ENTRY_SIZE, 0) + b"".join(self._pending_idx)
 
     # -- appends --
 

@@ -284,7 +284,9 @@ def load_topic(fs: Fs, root: str, topic_id: int) -> LoadedTopic:
     for i, (first, paths) in enumerate(segs):
         if expect and first < expect:
             log.error(
-                "segment %s overlaps the one before it (ends at %d); ignored", paths.data, expect - 1
+                "segment %s overlaps the one before it (ends at %d); ignored",
+                paths.data,
+                expect - 1,
             )
             continue
         active = i == len(segs) - 1
@@ -318,9 +320,7 @@ def load_topic(fs: Fs, root: str, topic_id: int) -> LoadedTopic:
         parts.append(rows)
         expect = first + len(entries)
         store.segs.append(
-            SegMeta(
-                first, len(entries), loc, not active, data_size, deleted, int(entries["ts"][0])
-            )
+            SegMeta(first, len(entries), loc, not active, data_size, deleted, int(entries["ts"][0]))
         )
         sources[loc] = SegmentSource(fs, paths.data, sealed=not active)
     rows_all = np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else None
