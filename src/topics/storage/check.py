@@ -553,7 +553,7 @@ def _check_segment(
                 )
             elif ts != fr.ts:
                 found = ("idx_mismatch", paths.idx, f"entry ts {ts}, frame ts {fr.ts}")
-            else:
+            elif fl != DELETED:  # a deleted entry's payload may be gone (a hole frame)
                 why_payload = _payload_ok(fr)
                 if why_payload is not None:
                     found = ("segment_payload", paths.data, why_payload)
