@@ -267,9 +267,9 @@ class Checkpointer:
             first = max(t.ckpt_seq + 1, t.base_seq)
             if first <= t.head_seq:
                 w = t.index.window(first - t.base_seq, t.head_seq - first + 1)
-                d = np.flatnonzero(w["flags"] == 0xD5)
-                if len(d):
-                    deleted[t.topic_id] = d + first
+                dels = np.flatnonzero(w["flags"] == 0xD5)
+                if len(dels):
+                    deleted[t.topic_id] = dels + first
         gone = [tid for tid in self.stores if tid not in alive]
         mark_bodies = self._mark_bodies(alive)
         futs: list[asyncio.Future[WalEntry | None]] = []
