@@ -43,7 +43,8 @@ __all__ = [
 WAL_HDR = 38
 SEG_HDR = 37
 
-_LENS = struct.Struct("<HHI")  # node_len, tag_len, data_len: the last 8 header bytes
+_LENS = struct.Struct("<HHI")
+_FLAGS_BACK = 33  # the flags byte sits 33 bytes before the end of either header  # node_len, tag_len, data_len: the last 8 header bytes
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 
@@ -118,8 +119,12 @@ def check_frame(buf: Buf, o: int, ln: int, seq: int, hdr: int) -> str | None:
     return None
 
 
-def frame_fields(buf: Buf, o: int, ln: int, flags: int, hdr: int) -> RecordFields:
-    """Decode node, tag, data and meta of the frame at `buf[o:o+ln]` (already verified)."""
+def frame_fields(buf: Buf, o: int, ln: int, hdr: int) -> RecordFields:
+    """Decode node, tag, data and meta of the frame at `buf[o:o+ln]` (already verified).
+
+    The frame's own flags byte decides what it carries; slot flags are only hints.
+    """
+    flags = buf[o + hdr - _FLAGS_BACK]
     nl, tl, dl = _LENS.unpack_from(buf, o + hdr - 8)
     p = o + hdr
     node = bytes(buf[p : p + nl]).decode() if flags & F_HAS_NODE else None
@@ -155,6 +160,8 @@ def render_frames(
 
     The five sequences run in parallel, one entry per record of `src`
     (`offs`/`lens` locate its frame, `flags` are slot flags, `tss` its ts in ms).
+    What a record carries is read from its frame's own flags byte (a slot's
+    flags, loaded from `.idx`, are a hint that a torn delete flip can spoil).
     One `span` covers the run. Raises FrameCorrupt when a verified source holds
     a bad frame, OSError when it cannot be read.
     """
@@ -171,15 +178,14 @@ def render_frames(
         o = offs[i] - base
         ln = lens[i]
         seq = seqs[i]
-        fl = flags[i]
         if verify:
             why = check_frame(buf, o, ln, seq, hdr)
             if why is not None:
                 raise FrameCorrupt(src.name, seq, why)
-        if plain_ok and not fl & F_RECORD_MASK:
+        if plain_ok and not buf[o + hdr - _FLAGS_BACK] & F_RECORD_MASK:
             out.append(b'{"$seq":%d,"$ts":%d,"data":%b}' % (seq, tss[i], buf[o + hdr : o + ln - 8]))
             continue
-        node, tag, data, meta = frame_fields(buf, o, ln, fl, hdr)
+        node, tag, data, meta = frame_fields(buf, o, ln, hdr)
         parts = [b'{"$seq":%d,"$ts":%d' % (seq, tss[i])]
         if node is not None:
             nb = node.encode()

@@ -322,8 +322,8 @@ class Topic:
                 total += len(src.buf)
         return total
 
-    def _frames(self, positions: list[int]) -> Iterator[tuple[int, Buf, int, int, int, int]]:
-        """`(pos, buf, o, len, flags, hdr)` of each verified frame at slot `positions`.
+    def _frames(self, positions: list[int]) -> Iterator[tuple[int, Buf, int, int, int]]:
+        """`(pos, buf, o, len, hdr)` of each verified frame at slot `positions`.
 
         Positions are relative to `base_seq`; holes are skipped. Raises FrameCorrupt
         or OSError when a source cannot deliver a frame.
@@ -337,7 +337,6 @@ class Topic:
         locs = arr["loc"][pos].tolist()
         offs = arr["offset"][pos].tolist()
         lens = arr["len"][pos].tolist()
-        flags = arr["flags"][pos].tolist()
         i = 0
         n = len(positions)
         while i < n:
@@ -356,7 +355,7 @@ class Topic:
                         why = check_frame(buf, o, lens[k], base_seq + positions[k], src.hdr)
                         if why is not None:
                             raise FrameCorrupt(src.name, base_seq + positions[k], why)
-                    yield positions[k], buf, o, lens[k], flags[k], src.hdr
+                    yield positions[k], buf, o, lens[k], src.hdr
             i = j
 
     # ------------------------------------------------------------------- tags
@@ -376,8 +375,8 @@ class Topic:
             fl = arr["flags"]
             pos = np.flatnonzero((fl != DELETED) & ((fl & F_HAS_TAG) != 0)).tolist()
             base = self.index.base_seq
-            for p, buf, o, ln, flags, hdr in self._frames(pos):
-                tag = frame_fields(buf, o, ln, flags, hdr)[1]
+            for p, buf, o, ln, hdr in self._frames(pos):
+                tag = frame_fields(buf, o, ln, hdr)[1]
                 if tag is not None:
                     tags.add(tag, base + p)
             self._tags = tags
@@ -697,8 +696,8 @@ class Topic:
             return
         intern = self._nodes.intern
         nodes = w["node"]
-        for p, buf, o, ln, flags, hdr in self._frames([pos + int(u) for u in unknown]):
-            nodes[p - pos] = intern(frame_fields(buf, o, ln, flags, hdr)[0])
+        for p, buf, o, ln, hdr in self._frames([pos + int(u) for u in unknown]):
+            nodes[p - pos] = intern(frame_fields(buf, o, ln, hdr)[0])
 
     def read(
         self,
@@ -834,8 +833,8 @@ class Topic:
         idx = self.index
         p = seq - idx.base_seq
         row = idx.window(p, 1)[0]
-        for _p, buf, o, ln, flags, hdr in self._frames([p]):
-            node, tag, data, meta = frame_fields(buf, o, ln, flags, hdr)
+        for _p, buf, o, ln, hdr in self._frames([p]):
+            node, tag, data, meta = frame_fields(buf, o, ln, hdr)
             ts = int(row["ts"])
             return ts, int(row["hops"]), Payload.build(seq, ts, node, tag, data, meta)
         return None

@@ -30,6 +30,7 @@ from urllib.parse import parse_qs
 from topics.clock import Clock, SystemClock
 from topics.config import SCOPE_ADMIN, SCOPE_DELETE, SCOPE_READ, SCOPE_WRITE, ServerConfig
 from topics.engine.core import Engine
+from topics.engine.frames import FrameCorrupt
 from topics.engine.records import loads
 from topics.errors import TopicsError, bad_request
 from topics.http.auth import Authenticator, Principal, bearer, token_from_query
@@ -387,6 +388,14 @@ class TopicsApp:
                 await self._ws_reject(send, err)
                 return
             resp = error_resp(err)
+        except (FrameCorrupt, OSError) as exc:
+            # A segment frame that does not verify, or a file that cannot be read:
+            # surfaced as an error, never served or skipped (SEMANTICS §17).
+            log.error("storage read failed: %s %s: %s", method, scope["path"], exc)
+            if is_ws:
+                await send({"type": "websocket.close", "code": 1011})
+                return
+            resp = error_resp(TopicsError(500, "internal", f"stored data cannot be read: {exc}"))
         except Exception:
             log.exception("handler failed: %s %s", method, scope["path"])
             if is_ws:

@@ -130,6 +130,7 @@ class _Result:
     sealed: list[int] = field(default_factory=list)
     dropped: list[int] = field(default_factory=list)
     error: BaseException | None = None
+    flips_failed: bool = False
 
 
 class Checkpointer:
@@ -294,16 +295,21 @@ class Checkpointer:
         for d, pos in self.absorbed.items():
             wal[self._rel(d)] = [pos.file, pos.offset, pos.index]
         meta["wal"] = wal
+        # Flips are listed in the snapshot and made after it is durable: recovery
+        # from it re-applies them, so a flip torn by a crash is never trusted.
+        meta["flips"] = [[tid, _ranges(seqs)] for tid, seqs in flips.items()]
         plans = [
             p for t in alive.values() if (p := self._plan(t, flips, floors, deleted)) is not None
         ]
         # Stores for topics that have none yet are made here, on the loop.
         report = CheckpointReport(topics=len(plans))
-        results = await asyncio.to_thread(self._files, plans, gone, meta, report)
+        results, snap_error = await asyncio.to_thread(self._files, plans, gone, meta, report)
         # 4. Re-point.
-        failed = self._apply(results, report)
+        failed = self._apply(results, report, snapshot_ok=snap_error is None)
         self._last_bytes = journal.bytes_written()
         self._last_mono = time.monotonic()
+        if snap_error is not None:
+            raise CheckpointFailed(f"snapshot write failed: {snap_error}")
         if failed is not None:
             raise CheckpointFailed(f"segment write failed: {failed}")
         return report
@@ -385,7 +391,8 @@ class Checkpointer:
         gone: list[int],
         meta: dict[str, Any],
         report: CheckpointReport,
-    ) -> list[_Result]:
+    ) -> tuple[list[_Result], BaseException | None]:
+        """Step 3; returns the per-topic results and the snapshot error (None: written)."""
         fs = self.fs
         results: list[_Result] = []
         now = int(meta["taken_ms"])
@@ -401,7 +408,7 @@ class Checkpointer:
                 self._reset_writer(p.store)
             results.append(r)
         if not ok:
-            return results
+            return results, CheckpointFailed("a topic's segments could not be written")
         for tid in gone:
             st = self.stores.pop(tid, None)
             if st is not None and st.writer is not None:
@@ -410,14 +417,40 @@ class Checkpointer:
                 remove_topic_dir(fs, self.data_dir, tid)
             except OSError as exc:
                 log.warning("cannot remove the files of deleted topic %016x: %s", tid, exc)
-        n = next_snapshot_number(fs, self.meta_dir)
-        write_snapshot(fs, self.meta_dir, n, meta)
+        try:
+            n = next_snapshot_number(fs, self.meta_dir)
+            write_snapshot(fs, self.meta_dir, n, meta)
+        except Exception as exc:  # OSError, or a body msgpack cannot encode (a bug)
+            log.error("snapshot write failed: %s", exc)
+            return results, exc
         report.snapshot = n
+        for r in results:
+            if r.plan.flips:
+                try:
+                    self._flip(r.plan, report)
+                except OSError as exc:
+                    log.error("delete flags of topic %s not written: %s", r.plan.topic.name, exc)
+                    r.flips_failed = True
         try:
             report.wal_pruned = self._prune(n)
         except OSError as exc:
             log.warning("WAL pruning failed (retried next time): %s", exc)
-        return results
+        return results, None
+
+    def _flip(self, p: _Plan, report: CheckpointReport) -> None:
+        """Flip the `.idx` flag of records deleted before the marks (0xD5, fdatasync)."""
+        store = p.store
+        by_seg: dict[int, list[int]] = {}
+        for s in p.flips:
+            seg = store.seg_for(s)
+            if seg is not None:
+                by_seg.setdefault(seg.first_seq, []).append(s)
+        for first, seqs in by_seg.items():
+            seg = store.seg_for(first)
+            assert seg is not None
+            flip_deleted(self.fs, segment_paths(store.dir, first).idx, first, seqs)
+            seg.deleted += len(set(seqs))
+            report.flips += len(seqs)
 
     def _reset_writer(self, store: TopicStore) -> None:
         w, store.writer = store.writer, None
@@ -469,19 +502,6 @@ class Checkpointer:
         fs = self.fs
         if store.segs and not store.segs[-1].sealed:
             self._ensure_writer(store, p.first if len(p.rows) else store.segs[-1].last_seq + 1)
-        # Delete flags of records already in segments (durable deletes only).
-        if p.flips:
-            by_seg: dict[int, list[int]] = {}
-            for s in p.flips:
-                seg = store.seg_for(s)
-                if seg is not None:
-                    by_seg.setdefault(seg.first_seq, []).append(s)
-            for first, seqs in by_seg.items():
-                seg = store.seg_for(first)
-                assert seg is not None
-                flip_deleted(fs, segment_paths(store.dir, first).idx, first, seqs)
-                seg.deleted += len(set(seqs))
-                report.flips += len(seqs)
         # Age trigger.
         w = store.writer
         if (
@@ -613,12 +633,16 @@ class Checkpointer:
 
     # ------------------------------------------------------------ re-point (loop)
 
-    def _apply(self, results: list[_Result], report: CheckpointReport) -> BaseException | None:
+    def _apply(
+        self, results: list[_Result], report: CheckpointReport, *, snapshot_ok: bool
+    ) -> BaseException | None:
         failed: BaseException | None = None
         eng = self.engine
         for r in results:
             t = r.plan.topic
             live = t.alive and eng.topics.get(t.name) is t
+            if r.plan.flips and (r.flips_failed or not snapshot_ok) and live:
+                t.flip_seqs = r.plan.flips + t.flip_seqs  # not durable yet: next cycle
             for loc, src in r.new_sources.items():
                 if live:
                     t.sources[loc] = src
@@ -653,6 +677,22 @@ class Checkpointer:
             t.ckpt_seq = max(t.ckpt_seq, last)
             t.free_chunks()
         return failed
+
+
+def _ranges(seqs: list[int]) -> list[list[int]]:
+    """Ascending seqs as `[first, count]` runs (compact in a snapshot)."""
+    out: list[list[int]] = []
+    for s in sorted(set(seqs)):
+        if out and out[-1][0] + out[-1][1] == s:
+            out[-1][1] += 1
+        else:
+            out.append([s, 1])
+    return out
+
+
+def expand_ranges(runs: list[list[int]]) -> list[int]:
+    """The seqs of :func:`_ranges` runs."""
+    return [s for first, count in runs for s in range(int(first), int(first) + int(count))]
 
 
 def _segment_frame(buf: bytes, o: int, ln: int, seq: int) -> tuple[bytes, int]:

@@ -13,6 +13,9 @@ event loop (SEMANTICS §17 "Snapshots"; seed 0 "Metadata snapshots")::
                     dest_base, forwarded_total, source/dest instance ids)
     wal             shard directory (relative to the data dir) ->
                     [file, byte offset, frame index] where replay starts
+    flips           [[topic id, [[first seq, count], ...]], ...]: records deleted
+                    before the capture whose `.idx` flag is flipped only after
+                    this snapshot is durable (recovery deletes them again)
 
     topic map: id, name, epoch, config (wire form), created_ms, head, last_ts,
     l_cap, l_ttl, l_trim, delete_below, last_write_ms, last_read_ms,

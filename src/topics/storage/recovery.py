@@ -48,6 +48,7 @@ from topics.engine.index import (
 )
 from topics.engine.topic import Topic
 from topics.engine.topic_config import parse_topic_config
+from topics.storage.checkpoint import expand_ranges
 from topics.storage.frame import (
     APPEND,
     CHECKPOINT_MARK,
@@ -291,6 +292,11 @@ def replay(
             ctx.attach(t)
         for st in body.get("routers") or []:
             routers_state[str(st["name"])] = dict(st)
+        # Deletes the snapshot lists but whose `.idx` flags may not be on disk yet.
+        for tid, runs in body.get("flips") or []:
+            ft = ctx.by_id.get(int(tid))
+            if ft is not None:
+                ft.delete_seqs(expand_ranges(runs))
     report.router_ops = max(ctx.snap_router_ops, 0)
 
     # Group every scanned frame by topic id, in log order per shard directory.

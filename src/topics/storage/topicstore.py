@@ -19,7 +19,8 @@ A topic's records end up in `topics/<topic_id hex>/seg-<first_seq>.data/.idx`
 
 Gaps between segments (records that were below a floor when checkpointed)
 load as deleted holes; a segment overlapping the one before it is reported and
-ignored.
+ignored; a `.data` or `.idx` without its pair (a checkpoint cut short before
+the pair was durable) is removed.
 """
 
 from __future__ import annotations
@@ -269,8 +270,12 @@ def load_topic(fs: Fs, root: str, topic_id: int) -> LoadedTopic:
     d = topic_dir(root, topic_id)
     store = TopicStore(topic_id, d)
     scan = scan_segments(fs, d)
+    # A segment's entries become durable only after its `.data` and both names are:
+    # a half without its pair never held anything a snapshot relies on (the WAL
+    # still has those records), so it goes.
     for path in scan.strays:
-        log.warning("segment half without its pair ignored: %s", path)
+        log.warning("removing segment half without its pair: %s", path)
+        fs.unlink(path)
     for path in scan.temps:
         try:
             fs.unlink(path)

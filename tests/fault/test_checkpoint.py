@@ -1,0 +1,324 @@
+"""Checkpoints: WAL frames into segments, delete flags, drops, snapshots, WAL pruning.
+
+Everything runs through the real Engine + WalJournal + Checkpointer + recovery on a
+FakeDisk (:class:`tests.support.durable.Durable`). The fingerprint compared across
+restarts covers records (seq, ts, node, tag, data, meta), head, earliest, count,
+bytes and the read-path tombstone of every topic.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from typing import Any
+
+import pytest
+
+from tests.fault.conftest import CRASH_FLAVOURS, flavour_id
+from tests.support.durable import (
+    DATA_DIR,
+    Durable,
+    check_oracle,
+    fingerprint_equal,
+    make_records,
+)
+from tests.support.fakedisk import FakeDisk, crash_points
+from topics.engine.frames import FrameCorrupt
+from topics.engine.index import DELETED
+from topics.errors import TopicsError
+from topics.storage.catalog import load_catalog
+from topics.storage.checkpoint import CheckpointFailed
+from topics.storage.segment import scan_segments, topic_dir
+from topics.storage.snapshot import list_snapshots
+
+
+def _rich(prefix: str, n: int) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for i in range(n):
+        r: dict[str, Any] = {"data": {"u": f"{prefix}.{i}", "v": [i, "é" * (i % 3)]}}
+        if i % 2:
+            r["tag"] = f"t{i % 3}"
+        if i % 3 == 0:
+            r["node"] = f"n{i % 2}"
+        if i % 4 == 1:
+            r["meta"] = {"k": i}
+        out.append(r)
+    return out
+
+
+def _segments(disk: FakeDisk, h: Durable, topic: str) -> list[int]:
+    tid = h.eng().require(topic).topic_id
+    return [first for first, _p in scan_segments(disk, topic_dir(DATA_DIR, tid)).segments]
+
+
+def test_checkpoint_moves_records_into_segments_and_restart_reads_them_back() -> None:
+    disk = FakeDisk()
+    with Durable(disk, segment_max_events=16) as h:
+        h.open()
+        for name, cls in (("f", "fsync"), ("d", "disk"), ("m", "memory"), ("e", "ephemeral")):
+            assert h.put_topic(name, {"durability": cls})
+            for k in range(5):
+                assert h.write(name, _rich(f"{name}{k}", 10)).ok
+        assert h.delete_records("f", {"match": ["tag", "Eq", "t1"]})[1]
+        live = h.fingerprint()
+        rep = h.checkpoint()
+        assert rep.snapshot == 1 and rep.records == 150 and rep.sealed >= 9
+        # Same answers from segments as from memory; chunks freed except the ephemeral's.
+        assert not fingerprint_equal(h.fingerprint(), live)
+        eng = h.eng()
+        for name in ("f", "d", "m"):
+            t = eng.require(name)
+            assert t.ckpt_seq == t.head_seq == 50 and t.chunk_bytes() == 0
+            assert len(_segments(disk, h, name)) == 4  # 16 + 16 + 16 + 2
+        assert eng.require("e").chunk_bytes() > 0 and not _segments(disk, h, "e")
+        h.restart()
+        fp = h.fingerprint()
+        for name in ("f", "d", "m"):
+            assert fp[name] == live[name], name
+        assert fp["e"]["records"] == [] and fp["e"]["head"] == 50
+        errs = check_oracle(h, must_survive=("fsync", "disk", "memory"))
+        assert not errs, "\n".join(errs)
+        h.close()
+
+
+def test_delete_after_checkpoint_flips_the_idx_flag_and_survives_wal_pruning() -> None:
+    disk = FakeDisk()
+    with Durable(disk, shards=1, file_bytes=4096, segment_max_events=8) as h:
+        h.open()
+        assert h.put_topic("t", {"durability": "fsync"})
+        for k in range(6):
+            assert h.write("t", _rich(f"a{k}", 6)).ok
+        h.checkpoint()
+        assert h.delete_records("t", {"match": ["tag", "Eq", "t1"]})[1]
+        victims = sorted(s for (tn, s) in h.history.deleted if tn == "t")
+        assert victims
+        h.checkpoint()  # flips the flags: the Delete frame is durable behind the marks
+        tid = h.eng().require("t").topic_id
+        raw = disk.snapshot_durable()
+        for s in victims:
+            first = max(f for f in _segments(disk, h, "t") if f <= s)
+            idx = raw[posixpath.join(topic_dir(DATA_DIR, tid), f"seg-{first:016d}.idx")]
+            assert idx[(s - first) * 20 + 16] == DELETED, s
+        for k in range(20):  # rotate the WAL several times, then prune it twice
+            assert h.write("t", make_records(f"b{k}", 3, size=100)).ok
+        h.checkpoint()
+        h.checkpoint()
+        wal = sorted(n for n in disk.listdir(posixpath.join(DATA_DIR, "wal")) if n.endswith(".log"))
+        assert wal and wal[0] != "wal-0000000000000000.log", "absorbed WAL files were pruned"
+        live = h.fingerprint()
+        h.crash_and_recover()
+        assert not fingerprint_equal(h.fingerprint(), live)
+        errs = check_oracle(h)
+        assert not errs, "\n".join(errs)
+        h.close()
+
+
+def test_cap_eviction_drops_whole_sealed_segments_and_never_the_active_one() -> None:
+    disk = FakeDisk()
+    with Durable(disk, segment_max_events=10) as h:
+        h.open()
+        assert h.put_topic("c", {"durability": "fsync", "cap_records": 25})
+        for k in range(10):
+            assert h.write("c", make_records(f"c{k}", 10)).ok
+        h.checkpoint()
+        h.checkpoint()  # the first one wrote segments below the floor; this one drops them
+        segs = _segments(disk, h, "c")
+        earliest = h.eng().require("c").earliest_seq
+        assert earliest == 76 and segs[0] <= earliest and segs[0] > 1
+        assert all(f + 9 >= earliest or f == segs[-1] for f in segs)
+        live = h.fingerprint()
+        h.restart()
+        assert not fingerprint_equal(h.fingerprint(), live)
+        tomb = h.fingerprint()["c"]["tombstone"]
+        assert tomb is not None and tomb["gap_to"] == 75 and tomb["reason"] == "cap"
+        h.close()
+
+
+def test_seal_by_age_uses_the_engine_clock() -> None:
+    disk = FakeDisk()
+    with Durable(disk, segment_max_events=1000) as h:
+        h.checkpoint_cfg = type(h.checkpoint_cfg)(segment_max_events=1000, segment_max_age_ms=5000)
+        h.open()
+        assert h.put_topic("a", {"durability": "fsync"})
+        assert h.write("a", make_records("x", 3)).ok
+        assert h.checkpoint().sealed == 0
+        h.clock.advance(6000)
+        assert h.write("a", make_records("y", 2)).ok
+        rep = h.checkpoint()
+        assert rep.sealed == 1
+        assert _segments(disk, h, "a") == [1, 4]
+        h.close()
+
+
+def test_topic_delete_removes_its_directory_after_the_next_checkpoint() -> None:
+    disk = FakeDisk()
+    with Durable(disk) as h:
+        h.open()
+        assert h.put_topic("gone", {"durability": "fsync"})
+        assert h.write("gone", make_records("g", 5)).ok
+        h.checkpoint()
+        tid = h.eng().require("gone").topic_id
+        d = topic_dir(DATA_DIR, tid)
+        assert disk.exists(d)
+        h.eng().delete_topic("gone")
+        assert h.settle()
+        h.checkpoint()
+        assert not disk.exists(d)
+        h.crash_and_recover()
+        assert "gone" not in h.eng().topics
+        h.close()
+
+
+def test_corrupt_sealed_segment_is_surfaced_never_skipped() -> None:
+    disk = FakeDisk()
+    with Durable(disk, segment_max_events=5) as h:
+        h.open()
+        assert h.put_topic("a", {"durability": "fsync"})
+        assert h.write("a", make_records("a", 12)).ok
+        h.checkpoint()
+        tid = h.eng().require("a").topic_id
+        path = posixpath.join(topic_dir(DATA_DIR, tid), "seg-0000000000000006.data")
+        disk.poke(path, 60, b"\x00")  # inside the first frame's payload
+        h.restart()
+        eng = h.eng()
+        with pytest.raises(FrameCorrupt) as ei:
+            h.read_all("a")
+        assert ei.value.seq == 6
+        # Records before the damaged frame still read; nothing after it is skipped to.
+        p = eng.parse_diff({"from_seq": 0, "limit": 5})
+        assert [r for r in eng.diff("a", p)[1].seqs] == [1, 2, 3, 4, 5]
+        with pytest.raises(FrameCorrupt):
+            eng.diff("a", eng.parse_diff({"from_seq": 5, "limit": 1}))
+        h.shutdown()
+
+
+def test_newest_snapshot_corrupt_falls_back_to_the_previous_one() -> None:
+    disk = FakeDisk()
+    with Durable(disk, shards=1, segment_max_events=8) as h:
+        h.open()
+        assert h.put_topic("a", {"durability": "fsync", "ttl_ms": 0})
+        assert h.write("a", _rich("a", 10)).ok
+        h.checkpoint()
+        assert h.write("a", _rich("b", 10)).ok
+        assert h.put_topic("a", {"durability": "fsync", "cap_records": 15})
+        h.checkpoint()
+        live = h.fingerprint()
+        snaps = list_snapshots(disk, posixpath.join(DATA_DIR, "meta"))
+        assert [n for n, _p in snaps] == [1, 2]
+        h.crash()
+        disk.recover()
+        disk.poke(snaps[-1][1], 30, b"\xff\xff")  # the newest snapshot no longer verifies
+        h.reopen()
+        assert h.report is not None and h.report.snapshot == 1
+        assert not fingerprint_equal(h.fingerprint(), live)
+        h.close()
+
+
+def test_shard_count_change_after_a_crash_keeps_config_order() -> None:
+    disk = FakeDisk()
+    with Durable(disk, shards=3) as h:
+        h.open()
+        assert h.put_topic("x", {"durability": "fsync", "ttl_ms": 1000})
+        assert h.write("x", make_records("x", 1)).ok
+        assert h.put_topic("x", {"durability": "fsync", "ttl_ms": 1500})
+        h.crash_and_recover(shards=2)  # no checkpoint before the layout change
+        assert h.eng().require("x").config.ttl_ms == 1500
+        assert h.put_topic("x", {"durability": "fsync", "ttl_ms": 2000})
+        h.crash_and_recover(shards=2)
+        assert h.eng().require("x").config.ttl_ms == 2000
+        h.crash_and_recover(shards=3)
+        assert h.eng().require("x").config.ttl_ms == 2000
+        h.close()
+
+
+def test_catalog_lists_topics_floors_and_segments() -> None:
+    disk = FakeDisk()
+    with Durable(disk, segment_max_events=10) as h:
+        h.open()
+        assert h.put_topic("a", {"durability": "fsync"})
+        assert h.put_topic("b", {"durability": "disk"})
+        assert h.write("a", make_records("a", 25)).ok
+        assert h.write("b", make_records("b", 5)).ok
+        assert h.delete_records("a", {"before_seq": 4})[1]
+        h.checkpoint()
+        cat = load_catalog(DATA_DIR, fs=disk)
+        assert set(cat) == {"a", "b"}
+        a = cat["a"]
+        assert a.earliest_seq == 4 and a.evict_floor == 1 and a.head_seq == 25
+        assert [(s.first_seq, s.last_seq, s.sealed) for s in a.segments] == [
+            (4, 13, True),
+            (14, 23, True),
+            (24, 25, False),
+        ]
+        assert all(s.tier == "hot" for s in a.segments)
+        h.close()
+
+
+# -- power loss at every fs op of a checkpoint ----------------------------------
+
+
+def _ckpt_workload(h: Durable) -> None:
+    h.open()
+    assert h.put_topic("a", {"durability": "fsync"})
+    assert h.put_topic("b", {"durability": "fsync", "cap_records": 12})
+    for k in range(3):
+        assert h.write("a", _rich(f"a{k}", 4)).ok
+        assert h.write("b", _rich(f"b{k}", 6)).ok
+    h.checkpoint()
+    assert h.delete_records("a", {"match": ["tag", "Eq", "t1"]})[1]
+    assert h.write("a", _rich("a3", 5)).ok
+    assert h.write("b", _rich("b3", 5)).ok
+
+
+def _probe_ops() -> tuple[int, int]:
+    disk = FakeDisk()
+    h = Durable(disk, segment_max_events=5)
+    try:
+        _ckpt_workload(h)
+        before = disk.ops
+        h.checkpoint()
+        after = disk.ops
+        h.close()
+    finally:
+        h.shutdown()
+    return before, after
+
+
+@pytest.mark.parametrize("flavour", CRASH_FLAVOURS, ids=flavour_id)
+def test_power_loss_anywhere_in_a_checkpoint_loses_nothing(
+    flavour: tuple[str, str | None, int],
+) -> None:
+    start, end = _probe_ops()
+    mode, damage, seed = flavour
+    for k in crash_points(end - start, samples=8):
+        disk = FakeDisk()
+        h = Durable(disk, segment_max_events=5)
+        try:
+            _ckpt_workload(h)
+            want = h.fingerprint()
+            if k == 0:
+                disk.crash(mode, damage, seed)  # type: ignore[arg-type]
+            else:
+                disk.crash_after(k, mode, damage, seed)  # type: ignore[arg-type]
+            try:
+                h.checkpoint()
+            except (CheckpointFailed, OSError, TopicsError):
+                pass
+            ctx = f"k={k}/{end - start} {flavour_id(flavour)} after {disk.trace[-1:]}"
+            if not disk.frozen:
+                h.crash(mode, damage, seed)
+            h.crash_and_recover()
+            got = h.fingerprint()
+            # Everything was acknowledged (fsync) before the checkpoint began: the state
+            # after recovery is exactly the state before it, caps and deletes included.
+            errs = [f"{d} [{ctx}]" for d in fingerprint_equal(want, got)]
+            # And the next checkpoint and recovery still agree.
+            h.checkpoint()
+            h.crash_and_recover()
+            errs += [
+                f"after next checkpoint: {d} [{ctx}]"
+                for d in fingerprint_equal(want, h.fingerprint())
+            ]
+            assert not errs, "\n".join(errs)
+            h.close()
+        finally:
+            h.shutdown()
