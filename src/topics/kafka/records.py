@@ -7,12 +7,14 @@ them once Produce >= 3 is advertised).
 
 Field mapping (docs/KAFKA.md "Records"):
 
-* value -> `data`. A value that is already compact JSON (exactly what orjson
-  would write for it) is stored as that JSON, byte for byte. Any other UTF-8
-  value is stored as a JSON string holding the text; any other bytes as a JSON
+* value -> `data`. A JSON object or array is stored as that JSON; a consumer
+  gets it back compact (JSON-equal: whitespace and number spelling may
+  differ, the document does not). A JSON scalar already in compact form
+  (`42`, `true`, `"s"`) is stored as is, byte for byte. Any other UTF-8 value
+  is stored as a JSON string holding the text; any other bytes as a JSON
   string holding their base64; a null value as JSON `null`. The last three
   leave a marker in `meta["$kafka"]["value"]` (`"text"`, `"base64"`,
-  `"null"`), so a Kafka consumer gets the original bytes back.
+  `"null"`), so a Kafka consumer gets the original bytes back exactly.
 * key -> `tag` when it is non-empty UTF-8 of at most the tag limit (256 bytes);
   otherwise the base64 of the key goes to `meta["$kafka"]["key"]`.
 * headers -> `meta`: `{name: text}` when the names are unique and every value
@@ -171,8 +173,10 @@ def to_new_record(
     else:
         data = b""
         try:
-            if _dumps(_loads(value)) == value:
-                data = value
+            obj = _loads(value)
+            canon = _dumps(obj)
+            if canon == value or type(obj) is dict or type(obj) is list:
+                data = canon
         except _JSONError:
             pass
         if not data:
