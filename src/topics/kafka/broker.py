@@ -423,7 +423,7 @@ class Broker:
             for fp in ft.partitions:
                 err = E.NONE
                 hw = lso = -1
-                records: bytes | None = b""
+                records: bytes = b""
                 part = None
                 if not self._allowed(conn, SCOPE_READ, name):
                     err = E.TOPIC_AUTHORIZATION_FAILED
@@ -451,7 +451,7 @@ class Broker:
                                 total += len(records)
                 if err != E.NONE:
                     errors = True
-                    records = None
+                    records = b""  # librdkafka rejects a null record set
                 prs.append(
                     PD(
                         partition_index=fp.partition,
