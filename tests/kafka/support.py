@@ -249,9 +249,7 @@ def consume_assign(
     if client == "kafka-python":
         from kafka import KafkaConsumer, TopicPartition
 
-        kc = KafkaConsumer(
-            **py_conf(bs, sasl, enable_auto_commit=False, auto_offset_reset=reset)
-        )
+        kc = KafkaConsumer(**py_conf(bs, sasl, enable_auto_commit=False, auto_offset_reset=reset))
         try:
             tp = TopicPartition(topic, 0)
             kc.assign([tp])

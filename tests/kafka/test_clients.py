@@ -185,7 +185,9 @@ def test_two_member_rebalance(kserver: KafkaProcess, client: str) -> None:
         assert wait_for(lambda: a.assigned == both), a.assigned
         b = Member(client, kserver.bootstrap, group, [t1, t2])
         assert wait_for(
-            lambda: len(a.assigned) == 1 and len(b.assigned) == 1 and a.assigned | b.assigned == both
+            lambda: (
+                len(a.assigned) == 1 and len(b.assigned) == 1 and a.assigned | b.assigned == both
+            )
         ), (a.assigned, b.assigned)
         b.close()
         b = None
@@ -215,7 +217,12 @@ def test_idempotent_retry_writes_once(inproc: InProcess, client: str) -> None:
 
 def _out_of_range_error(exc: BaseException) -> bool:
     text = f"{type(exc).__name__} {exc}"
-    return "OffsetOutOfRange" in text or "OFFSET_OUT_OF_RANGE" in text or "out of range" in text.lower() or "_AUTO_OFFSET_RESET" in text
+    return (
+        "OffsetOutOfRange" in text
+        or "OFFSET_OUT_OF_RANGE" in text
+        or "out of range" in text.lower()
+        or "_AUTO_OFFSET_RESET" in text
+    )
 
 
 @pytest.mark.parametrize("client", CLIENTS)

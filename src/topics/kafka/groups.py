@@ -354,7 +354,9 @@ class Coordinator:
         m.last_seen = self._clock()
         if generation != g.generation:
             return E.ILLEGAL_GENERATION
-        if g.state == PREPARING:
+        if g.state == COMPLETING:
+            # Members of the current generation may still commit while the group
+            # prepares a rebalance (revocation commits), not once it completes.
             return E.REBALANCE_IN_PROGRESS
         return E.NONE
 
