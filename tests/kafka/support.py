@@ -323,8 +323,9 @@ def group_consume(
             c.close()
         return out
     if client == "kafka-python":
-        from kafka import KafkaConsumer, TopicPartition
         from kafka.structs import OffsetAndMetadata
+
+        from kafka import KafkaConsumer, TopicPartition
 
         kc = KafkaConsumer(
             **py_conf(

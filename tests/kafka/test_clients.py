@@ -118,8 +118,9 @@ class Member:
         c.close()
 
     def _kp(self) -> None:
-        from kafka import KafkaConsumer
         from kafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
+
+        from kafka import KafkaConsumer
 
         c = KafkaConsumer(
             **py_conf(
