@@ -16,9 +16,9 @@ import httpx
 import pytest
 from aiokafka.record._crecords.default_records import DefaultRecordBatchBuilder
 
+from tests.kafka.support import KafkaProcess
 from topics.kafka import errors as E
 from topics.kafka import protocol as P
-from tests.kafka.support import KafkaProcess
 
 pytestmark = pytest.mark.kafka
 
