@@ -29,7 +29,7 @@ from topics.kafka.backend import BackendError, KafkaBackend, Staged
 from topics.kafka.groups import Coordinator
 from topics.kafka.offsets import OFFSETS_TOPIC, OffsetStore
 from topics.kafka.producers import Duplicate, ProducerIds, SequenceTable
-from topics.kafka.records import BatchWriter, RecordError, decode_batches, to_kafka, to_new_record
+from topics.kafka.records import BatchWriter, RecordError, decode_batches, to_kafka, to_new_records
 
 __all__ = ["Broker", "ConnState", "NODE_ID", "CLUSTER_ID"]
 
@@ -297,17 +297,12 @@ class Broker:
         try:
             batches = decode_batches(raw)
             mapped = [
-                [
-                    to_new_record(
-                        k,
-                        val,
-                        h,
-                        max_tag_bytes=b.max_tag_bytes,
-                        max_meta_bytes=b.max_meta_bytes,
-                        max_record_bytes=b.max_record_bytes,
-                    )
-                    for k, val, h in batch.records
-                ]
+                to_new_records(
+                    batch.records,
+                    max_tag_bytes=b.max_tag_bytes,
+                    max_meta_bytes=b.max_meta_bytes,
+                    max_record_bytes=b.max_record_bytes,
+                )
                 for batch in batches
             ]
         except RecordError as exc:

@@ -53,6 +53,7 @@ __all__ = [
     "ProducedBatch",
     "decode_batches",
     "to_new_record",
+    "to_new_records",
     "to_kafka",
     "BatchWriter",
 ]
@@ -83,7 +84,7 @@ class ProducedBatch(NamedTuple):
     producer_id: int
     producer_epoch: int
     base_sequence: int
-    records: list[tuple[bytes | None, bytes | None, list[Header]]]
+    records: list[Any]  # aiokafka DefaultRecord: .key, .value, .headers
 
 
 def decode_batches(raw: bytes | None) -> list[ProducedBatch]:
@@ -119,7 +120,7 @@ def decode_batches(raw: bytes | None) -> list[ProducedBatch]:
         if batch.is_transactional or batch.is_control_batch:
             raise RecordError(E.INVALID_RECORD, "transactional batches are not supported")
         try:
-            recs = [(r.key, r.value, r.headers) for r in batch]
+            recs = list(batch)
         except UnsupportedCodecError as exc:
             raise RecordError(E.UNSUPPORTED_COMPRESSION_TYPE, str(exc)) from None
         except Exception as exc:  # the codec raises several types on bad varints/lengths
@@ -175,16 +176,18 @@ def to_new_record(
         try:
             obj = _loads(value)
             canon = _dumps(obj)
-            if canon == value or type(obj) is dict or type(obj) is list:
-                data = canon
+            if canon == value:
+                data = value
+            elif type(obj) is dict or type(obj) is list:
+                data = bytes(memoryview(canon))
         except _JSONError:
             pass
         if not data:
             try:
-                data = _dumps(value.decode("utf-8"))
+                data = bytes(memoryview(_dumps(value.decode("utf-8"))))
                 mark = {"value": "text"}
             except UnicodeDecodeError:
-                data = _dumps(_b64(value))
+                data = bytes(memoryview(_dumps(_b64(value))))
                 mark = {"value": "base64"}
     # key -> tag
     tag: str | None = None
@@ -225,7 +228,7 @@ def to_new_record(
         if meta_obj is None:
             meta_obj = {}
         meta_obj[_MARK] = mark
-    meta = _dumps(meta_obj) if meta_obj is not None else None
+    meta = bytes(memoryview(_dumps(meta_obj))) if meta_obj is not None else None
     size = len(data)
     if meta is not None:
         if len(meta) > max_meta_bytes:
@@ -239,6 +242,59 @@ def to_new_record(
             E.MESSAGE_TOO_LARGE, f"record is {size} bytes stored (max {max_record_bytes})"
         )
     return NewRecord(data, meta, None, tag, size)
+
+
+def to_new_records(
+    records: list[Any], *, max_tag_bytes: int, max_meta_bytes: int, max_record_bytes: int
+) -> list[NewRecord]:
+    """:func:`to_new_record` over a decoded batch, with an inlined common case.
+
+    The fast path covers records without headers whose key is absent or short
+    text and whose value is a JSON document or compact JSON scalar; everything
+    else goes through :func:`to_new_record`. Raises :class:`RecordError` as it does.
+    """
+    out: list[NewRecord] = []
+    add = out.append
+    loads, dumps, JSONError = _loads, _dumps, _JSONError
+    new = tuple.__new__
+    for r in records:
+        value = r.value
+        key = r.key
+        if value is not None and not r.headers:
+            try:
+                obj = loads(value)
+                canon = dumps(obj)
+                if canon == value:
+                    # Keep the producer's exact-size bytes: orjson's output buffer
+                    # is over-allocated (KiBs) and a batch holds thousands.
+                    canon = value
+                elif type(obj) is dict or type(obj) is list:
+                    canon = bytes(memoryview(canon))
+                else:
+                    raise ValueError
+                tag = None
+                if key is not None:
+                    if not key or len(key) > max_tag_bytes:
+                        raise ValueError
+                    tag = key.decode("utf-8")
+                n = len(canon)
+                if n > max_record_bytes:
+                    raise ValueError
+                add(new(NewRecord, (canon, None, None, tag, n, 0)))
+                continue
+            except (JSONError, ValueError):  # UnicodeDecodeError is a ValueError
+                pass
+        add(
+            to_new_record(
+                key,
+                value,
+                r.headers,
+                max_tag_bytes=max_tag_bytes,
+                max_meta_bytes=max_meta_bytes,
+                max_record_bytes=max_record_bytes,
+            )
+        )
+    return out
 
 
 def _header_value(v: Any) -> bytes | None:
