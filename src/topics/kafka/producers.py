@@ -16,7 +16,6 @@ detected.
 
 from __future__ import annotations
 
-import time
 from collections import OrderedDict, deque
 from typing import Any
 
@@ -32,9 +31,9 @@ MAX_STATES = 100_000
 class ProducerIds:
     """Allocates producer ids that do not repeat across restarts.
 
-    Ids start at the wall-clock milliseconds at startup times 1000 (2^53 is not
-    reached for centuries), so a restarted server never hands out an id an old
-    producer may still be using.
+    Ids start at the wall-clock milliseconds at startup times 1000 (well inside
+    int64), so a restarted server does not hand out an id an old producer may
+    still be using unless it allocated more than 1000 ids per millisecond of uptime.
     """
 
     def __init__(self, now_ms: int) -> None:
@@ -79,7 +78,6 @@ class SequenceTable:
 
     def __init__(self) -> None:
         self._states: OrderedDict[tuple[int, int], _State] = OrderedDict()
-        self.last_used = time.monotonic()
 
     def check(
         self, pid: int, epoch: int, instance: int, first: int, count: int
