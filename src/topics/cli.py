@@ -98,6 +98,18 @@ async def _serve(cfg: ServerConfig) -> int:
         lock.release()
 
     app.hooks_shutdown.append(close_storage)
+    kafka = None
+    if cfg.kafka_port:
+        from topics.kafka import start_kafka
+
+        try:
+            kafka = await start_kafka(engine, cfg, handle.host, cfg.kafka_port)
+        except OSError as exc:
+            # An explicit TOPICS_KAFKA_PORT must bind; the default 9092 may be taken.
+            log.error("cannot bind the Kafka listener on port %d: %s", cfg.kafka_port, exc)
+            if "TOPICS_KAFKA_PORT" in os.environ:
+                await handle.stop()
+                return 1
     app.replay_progress = 1.0
     app.ready = True
     log.info(
@@ -120,6 +132,8 @@ async def _serve(cfg: ServerConfig) -> int:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("shutting down")
+    if kafka is not None:
+        await kafka.stop()
     await handle.stop()
     return 0
 

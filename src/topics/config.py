@@ -143,6 +143,10 @@ class ServerConfig:
     limits: Limits = field(default_factory=Limits)
     test_min_heartbeat_ms: int | None = None
     log_level: str = "info"
+    # Kafka-wire listener (docs/KAFKA.md): port 0 turns it off; `kafka_advertised`
+    # is the `host:port` returned in Metadata/FindCoordinator (default: the bound one).
+    kafka_port: int = 9092
+    kafka_advertised: str | None = None
 
     @property
     def auth_enabled(self) -> bool:
@@ -241,6 +245,9 @@ def load_config(env: Mapping[str, str] | None = None) -> ServerConfig:
             test_hb = None
     shards_default = max(1, min(os.cpu_count() or 1, 8))
     shards = _int(env, "TOPICS_WAL_SHARDS", shards_default, minimum=1)
+    kafka_port = _int(env, "TOPICS_KAFKA_PORT", 9092)
+    if kafka_port > 65535:
+        kafka_port = 9092
     return ServerConfig(
         host=host,
         port=port,
@@ -261,4 +268,6 @@ def load_config(env: Mapping[str, str] | None = None) -> ServerConfig:
         limits=limits,
         test_min_heartbeat_ms=test_hb,
         log_level=(env.get("TOPICS_LOG") or env.get("RUST_LOG") or "info").strip().lower(),
+        kafka_port=kafka_port,
+        kafka_advertised=env.get("TOPICS_KAFKA_ADVERTISED", "").strip() or None,
     )

@@ -1,0 +1,226 @@
+"""Kafka listener throughput with librdkafka (confluent-kafka) against `topics serve`.
+
+Starts a fresh server (`python -m topics serve`, temp data dir, Kafka on a free
+127.0.0.1 port), then per phase:
+
+* produce N messages of `--size` bytes with acks=1, then acks=all (each to
+  its own new topic of the server's default class, `disk`), optionally
+  `--fsync` for a third run on an `fsync`-class topic;
+* consume the acks=1 topic from offset 0 with assign().
+
+Reported: messages/s (wall clock from the first produce() call to the last
+delivery report, or from assign() to the N-th message) and server CPU per
+message (utime+stime of the server process from /proc over the phase).
+
+    .venv/bin/python bench/bench_kafka.py                 # N=500000, 100-byte JSON values
+    .venv/bin/python bench/bench_kafka.py -n 200000 --value binary --fsync
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+CLK = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        parts = f.read().rsplit(")", 1)[1].split()
+    return (int(parts[11]) + int(parts[12])) / CLK
+
+
+def make_value(kind: str, size: int, i: int) -> bytes:
+    if kind == "binary":
+        return os.urandom(size)
+    if kind == "text":
+        return (b"line %d " % i).ljust(size, b"x")
+    head = b'{"n":%d,"pad":"' % i
+    return head + b"a" * max(size - len(head) - 2, 0) + b'"}'
+
+
+class Server:
+    def __init__(self, tmp: Path) -> None:
+        self.kport = free_port()
+        port_file = tmp / "port"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TOPICS_")}
+        env.update(
+            TOPICS_HOST="127.0.0.1",
+            TOPICS_PORT="0",
+            TOPICS_PORT_FILE=str(port_file),
+            TOPICS_DATA_DIR=str(tmp / "data"),
+            TOPICS_KAFKA_PORT=str(self.kport),
+            TOPICS_LOG="warning",
+        )
+        self.log = open(tmp / "server.log", "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "topics", "serve"], env=env, stdout=self.log, stderr=self.log
+        )
+        deadline = time.monotonic() + 30
+        while not port_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.base = "http://" + port_file.read_text().strip()
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.base + "/readyz", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.05)
+
+    def put(self, topic: str, body: dict[str, Any]) -> None:
+        req = urllib.request.Request(
+            f"{self.base}/v0/topics/{topic}",
+            data=json.dumps(body).encode(),
+            method="PUT",
+            headers={"content-type": "application/json"},
+        )
+        urllib.request.urlopen(req, timeout=10).read()
+
+    def stop(self) -> None:
+        os.kill(self.proc.pid, signal.SIGTERM)
+        self.proc.wait(30)
+        self.log.close()
+
+
+def produce(srv: Server, topic: str, values: list[bytes], acks: str) -> dict[str, Any]:
+    from confluent_kafka import Producer
+
+    p = Producer(
+        {
+            "bootstrap.servers": f"127.0.0.1:{srv.kport}",
+            "acks": acks,
+            "linger.ms": 5,
+            "queue.buffering.max.messages": 2_000_000,
+            "queue.buffering.max.kbytes": 4_000_000,
+        }
+    )
+    p.list_topics(topic, timeout=10)  # metadata (and auto-create) outside the timing
+    errors = 0
+    done = 0
+
+    def cb(err: Any, _msg: Any) -> None:
+        nonlocal errors, done
+        done += 1
+        if err is not None:
+            errors += 1
+
+    c0 = cpu_s(srv.proc.pid)
+    t0 = time.perf_counter()
+    for v in values:
+        while True:
+            try:
+                p.produce(topic, v, on_delivery=cb)
+                break
+            except BufferError:
+                p.poll(0.01)
+    p.flush(120)
+    dt = time.perf_counter() - t0
+    cpu = cpu_s(srv.proc.pid) - c0
+    n = len(values)
+    return {
+        "acks": acks,
+        "messages": n,
+        "errors": errors,
+        "msg_per_s": round(n / dt),
+        "seconds": round(dt, 3),
+        "server_cpu_s": round(cpu, 2),
+        "server_us_per_msg": round(cpu / n * 1e6, 2),
+    }
+
+
+def consume(srv: Server, topic: str, n: int) -> dict[str, Any]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer(
+        {
+            "bootstrap.servers": f"127.0.0.1:{srv.kport}",
+            "group.id": "bench",
+            "enable.auto.commit": False,
+            "fetch.max.bytes": 8 << 20,
+        }
+    )
+    c.list_topics(topic, timeout=10)
+    got = 0
+    c0 = cpu_s(srv.proc.pid)
+    t0 = time.perf_counter()
+    c.assign([TopicPartition(topic, 0, 0)])
+    while got < n:
+        msgs = c.consume(10_000, 1.0)
+        got += sum(1 for m in msgs if not m.error())
+        if time.perf_counter() - t0 > 300:
+            break
+    dt = time.perf_counter() - t0
+    cpu = cpu_s(srv.proc.pid) - c0
+    c.close()
+    return {
+        "messages": got,
+        "msg_per_s": round(got / dt),
+        "seconds": round(dt, 3),
+        "server_cpu_s": round(cpu, 2),
+        "server_us_per_msg": round(cpu / max(got, 1) * 1e6, 2),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("-n", type=int, default=500_000, help="messages per phase")
+    ap.add_argument("--size", type=int, default=100, help="value bytes")
+    ap.add_argument("--value", choices=["json", "text", "binary"], default="json")
+    ap.add_argument("--fsync", action="store_true", help="also acks=all on an fsync topic")
+    ap.add_argument("--json", default="bench/results/kafka.json", help="write results here")
+    args = ap.parse_args()
+    import confluent_kafka
+
+    values = [make_value(args.value, args.size, i) for i in range(args.n)]
+    out: dict[str, Any] = {
+        "librdkafka": confluent_kafka.libversion()[0],
+        "value": args.value,
+        "size": args.size,
+        "phases": [],
+    }
+    with tempfile.TemporaryDirectory(prefix="bench-kafka-") as d:
+        srv = Server(Path(d))
+        try:
+            stamp = int(time.time())
+            for acks in ("1", "all"):
+                r = produce(srv, f"bench-{acks}-{stamp}", values, acks)
+                r["phase"] = f"produce acks={acks}"
+                out["phases"].append(r)
+                print(r, flush=True)
+            if args.fsync:
+                t = f"bench-fsync-{stamp}"
+                srv.put(t, {"durability": "fsync"})
+                r = produce(srv, t, values, "all")
+                r["phase"] = "produce acks=all, fsync topic"
+                out["phases"].append(r)
+                print(r, flush=True)
+            r = consume(srv, f"bench-1-{stamp}", args.n)
+            r["phase"] = "consume (assign, from 0)"
+            out["phases"].append(r)
+            print(r, flush=True)
+        finally:
+            srv.stop()
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

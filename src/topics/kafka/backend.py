@@ -1,0 +1,326 @@
+"""Every access the Kafka listener makes to the topics engine, in one place.
+
+The rest of `topics.kafka` never imports engine modules: it calls
+:class:`KafkaBackend`. The engine pieces used here are the public ones:
+`Engine.get` / `require` / `put_topic` / `delete_topic` / `begin_write` /
+`prepare_read` / `delete_records` / `topics` (names only) / `limits` /
+`journal.barrier` (when the journal has one), `WriteRequest`, `NewRecord`,
+`valid_topic_name`, `parse_topic_config`, and on a topic `head_seq`,
+`earliest_seq`, `evict_floor`, `live_count`, `topic_id`,
+`config.durability`, `read` (for the seqs a read pass delivers),
+`get_record` and `listeners`; on a staged write `first_seq`, `ts`,
+`published`, `ok` and `waiters`.
+
+Bulk reads are built from `Topic.read` (which seqs are deliverable) plus one
+`Topic.get_record` per record; a raw range read in the engine (seq, ts, tag,
+data, meta without rendering) would replace both.
+
+All calls happen on the event loop that owns the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from topics.engine.core import Engine, WriteRequest
+from topics.engine.names import valid_topic_name
+from topics.engine.records import NewRecord
+from topics.errors import TopicsError
+
+__all__ = ["KafkaBackend", "BackendError", "Partition", "Stored", "Staged"]
+
+READ_LIMIT = 10_000
+
+
+class BackendError(Exception):
+    """An engine refusal: HTTP-style `status` and `code` (API §1.7) plus message."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+def _wrap(exc: TopicsError) -> BackendError:
+    return BackendError(exc.status, exc.code, exc.message)
+
+
+@dataclass(frozen=True, slots=True)
+class Partition:
+    """Watermarks of a topic instance (SEMANTICS §3): seqs, not Kafka offsets."""
+
+    instance: int
+    head_seq: int
+    earliest_seq: int
+    evict_floor: int
+    durability: str
+
+
+class Stored(NamedTuple):
+    """One live stored record as the Kafka side needs it."""
+
+    seq: int
+    ts: int
+    tag: str | None
+    data: bytes
+    meta: bytes | None
+
+
+class Staged:
+    """A write handed to the engine: seqs are assigned, the commit may be pending."""
+
+    __slots__ = ("_pw",)
+
+    def __init__(self, pw: Any) -> None:
+        self._pw = pw
+
+    @property
+    def first_seq(self) -> int:
+        return int(self._pw.first_seq)
+
+    @property
+    def ts(self) -> int:
+        return int(self._pw.ts)
+
+    async def committed(self) -> bool:
+        """Wait for the durability-class commit point; True when it succeeded."""
+        pw = self._pw
+        if not pw.published:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+            def done() -> None:
+                if not fut.done():
+                    fut.set_result(None)
+
+            pw.waiters.append(done)
+            await fut
+        return bool(pw.ok)
+
+
+class KafkaBackend:
+    """The Kafka listener's view of one :class:`~topics.engine.core.Engine`."""
+
+    def __init__(self, engine: Engine, hidden: frozenset[str] = frozenset()) -> None:
+        self.engine = engine
+        self.hidden = hidden
+        lim = engine.limits
+        self.max_batch_records = lim.max_batch_records
+        self.max_tag_bytes = lim.max_tag_bytes
+        self.max_meta_bytes = lim.max_meta_bytes
+        self.max_record_bytes = lim.max_record_bytes
+
+    # ----------------------------------------------------------------- topics
+
+    @staticmethod
+    def valid_name(name: str) -> bool:
+        return valid_topic_name(name)
+
+    def names(self) -> list[str]:
+        """Every topic name except the listener's internal ones, sorted."""
+        return sorted(n for n in self.engine.topics if n not in self.hidden)
+
+    def partition(self, name: str) -> Partition | None:
+        """Watermarks of `name` (retention applied first), or None when absent."""
+        t = self.engine.get(name)
+        if t is None:
+            return None
+        self.engine.prepare_read(t, consume=False)
+        return Partition(t.topic_id, t.head_seq, t.earliest_seq, t.evict_floor, t.config.durability)
+
+    async def _barrier(self) -> None:
+        barrier = getattr(self.engine.journal, "barrier", None)
+        if barrier is not None:
+            try:
+                await barrier()
+            except TopicsError as exc:
+                raise _wrap(exc) from None
+
+    async def create(self, name: str, config: dict[str, Any]) -> bool:
+        """Create `name` with a `/v0` config body (API §1.12); False if it exists.
+
+        Raises :class:`BackendError` (400 bad name/config, 429 topic cap, 500 log
+        failure). Returns once the create is durable.
+        """
+        if self.engine.get(name) is not None:
+            return False
+        try:
+            _, created = self.engine.put_topic(name, config)
+        except TopicsError as exc:
+            raise _wrap(exc) from None
+        await self._barrier()
+        return created
+
+    @staticmethod
+    def check_config(name: str, config: dict[str, Any]) -> None:
+        """Validate a config body without creating anything (400 -> BackendError)."""
+        from topics.engine.topic_config import parse_topic_config
+
+        try:
+            parse_topic_config(config, name)
+        except TopicsError as exc:
+            raise _wrap(exc) from None
+
+    async def delete(self, name: str) -> bool:
+        """Delete the topic instance `name` (API §3.4); False when absent."""
+        try:
+            res = self.engine.delete_topic(name)
+        except TopicsError as exc:
+            raise _wrap(exc) from None
+        await self._barrier()
+        return bool(res.get("deleted"))
+
+    # ------------------------------------------------------------------ write
+
+    def append(self, name: str, records: list[NewRecord], *, create: bool = False) -> Staged:
+        """Stage one atomic write of `records` (contiguous seqs) to an existing topic.
+
+        Raises :class:`BackendError`: 404 topic_not_found, 400 record/batch too
+        large, 422 topic_full, 429 throttled, 500 internal.
+        """
+        req = WriteRequest(records, None, None if create else False, None, False)
+        try:
+            res = self.engine.begin_write(name, req)
+        except TopicsError as exc:
+            raise _wrap(exc) from None
+        if not hasattr(res, "first_seq"):  # only keyed writes can be replays
+            raise BackendError(500, "internal", "unexpected write outcome")
+        return Staged(res)
+
+    # ------------------------------------------------------------------- read
+
+    def read(
+        self, name: str, from_seq: int, max_bytes: int, limit: int = READ_LIMIT
+    ) -> list[Stored]:
+        """Live records with seq > `from_seq`, oldest first, about `max_bytes` of payload.
+
+        At least one record is returned when one exists. Deleted and expired seqs
+        are skipped (retention is applied first). The caller has already checked
+        `from_seq` against the watermarks.
+        """
+        t = self.engine.get(name)
+        if t is None:
+            return []
+        now = self.engine.prepare_read(t)
+        r = t.read(from_seq, limit, max(max_bytes, 1), now=now)
+        out: list[Stored] = []
+        get = t.get_record
+        for s in r.seqs:
+            rec = get(s)
+            if rec is None:
+                continue
+            ts, _hops, p = rec
+            out.append(Stored(s, ts, p.tag, p.data, p.meta))
+        return out
+
+    def first_at_or_after(self, name: str, seq: int) -> Stored | None:
+        """The first live record with seq >= `seq`, or None."""
+        got = self.read(name, seq - 1, 1, 1)
+        return got[0] if got else None
+
+    def seq_for_time(self, name: str, ts: int) -> Stored | None:
+        """The first live record whose `$ts` >= `ts` (ts is non-decreasing in seq).
+
+        A binary search over seqs, each probe reading one record.
+        """
+        t = self.engine.get(name)
+        if t is None:
+            return None
+        # Smallest s such that the first live record at or after s is missing or
+        # has ts >= `ts`; that record is the answer.
+        lo, hi = t.earliest_seq, t.head_seq + 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            p = self.first_at_or_after(name, mid)
+            if p is None or p.ts >= ts:
+                hi = mid
+            else:
+                lo = p.seq + 1
+        return self.first_at_or_after(name, lo) if lo <= t.head_seq else None
+
+    def last_record(self, name: str) -> Stored | None:
+        """The newest live record (it has the largest `$ts`), or None."""
+        t = self.engine.get(name)
+        if t is None:
+            return None
+        s = t.head_seq
+        stop = max(t.earliest_seq, s - 10_000)
+        while s >= stop:
+            rec = t.get_record(s)
+            if rec is not None:
+                ts, _h, p = rec
+                return Stored(s, ts, p.tag, p.data, p.meta)
+            s -= 1
+        return None
+
+    def watch(self, names: list[str], wake: Callable[[], None]) -> Callable[[], None]:
+        """Call `wake()` on the next publish/delete/config change of any of `names`.
+
+        Returns the function that removes the listeners again. Topics created
+        after the call are not watched (the caller's timeout covers them).
+        """
+        cb = lambda _t: wake()  # noqa: E731
+        topics = [t for t in (self.engine.get(n) for n in set(names)) if t is not None]
+        for t in topics:
+            t.listeners.add(cb)
+
+        def unwatch() -> None:
+            for t in topics:
+                t.listeners.discard(cb)
+
+        return unwatch
+
+    # --------------------------------------------------------- internal topics
+
+    async def append_internal(self, name: str, docs: list[bytes]) -> int:
+        """Durably append JSON documents to an internal `fsync` topic (created on need).
+
+        Returns the first seq. Raises :class:`BackendError` when the write is
+        refused or its commit fails.
+        """
+        recs = [NewRecord(d, None, None, None, len(d)) for d in docs]
+        first = 0
+        for i in range(0, len(recs), self.max_batch_records):
+            req = WriteRequest(
+                recs[i : i + self.max_batch_records], None, True, {"durability": "fsync"}, True
+            )
+            try:
+                pw = self.engine.begin_write(name, req)
+            except TopicsError as exc:
+                raise _wrap(exc) from None
+            st = Staged(pw)
+            if not first:
+                first = st.first_seq
+            if not await st.committed():
+                raise BackendError(500, "internal", "the write could not be committed to the log")
+        await self._barrier()
+        return first
+
+    def scan_internal(self, name: str) -> Iterator[bytes]:
+        """Every live document of an internal topic, oldest first."""
+        cur = 0
+        while True:
+            got = self.read(name, cur, 1 << 22)
+            if not got:
+                return
+            for s in got:
+                yield s.data
+            cur = got[-1].seq
+
+    def count(self, name: str) -> int:
+        """Live records of `name` (0 when absent)."""
+        t = self.engine.get(name)
+        return int(t.live_count) if t is not None else 0
+
+    async def delete_before(self, name: str, seq: int) -> None:
+        """Permanently delete every record of `name` below `seq` (logged, durable)."""
+        if self.engine.get(name) is None:
+            return
+        try:
+            self.engine.delete_records(name, {"before_seq": seq})
+        except TopicsError as exc:
+            raise _wrap(exc) from None
+        await self._barrier()

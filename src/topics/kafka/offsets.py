@@ -1,0 +1,117 @@
+"""Committed consumer-group offsets, kept durable in an internal topics topic.
+
+Every OffsetCommit is one atomic write of one JSON document per partition to
+the `fsync`-class topic :data:`OFFSETS_TOPIC`, acknowledged only after its
+`fdatasync` (through the engine's normal write path, so the WAL and recovery
+cover it). At startup, after recovery, the documents are replayed in seq order
+and the last one per (tenant, group, topic, partition) wins.
+
+Compaction: when the topic holds many more documents than there are live
+keys, the current table is written again as one batch and everything before
+that batch is deleted (a logged, permanent record delete). Compaction only
+starts while no commit is in flight, so every document below the new batch
+is already reflected in it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import orjson
+
+from topics.kafka.backend import KafkaBackend
+
+__all__ = ["OffsetStore", "OFFSETS_TOPIC", "Committed"]
+
+log = logging.getLogger("topics.kafka")
+
+OFFSETS_TOPIC = "topics.kafka.offsets"
+COMPACT_MIN = 1000
+
+Key = tuple[str, str, str, int]  # tenant, group, topic, partition
+Committed = tuple[int, str | None, int]  # offset, metadata, leader epoch
+
+
+class OffsetStore:
+    """The committed-offset table of every group, backed by :data:`OFFSETS_TOPIC`."""
+
+    def __init__(self, backend: KafkaBackend) -> None:
+        self.backend = backend
+        self.table: dict[Key, Committed] = {}
+        self._inflight = 0
+        self._compacting = False
+
+    def load(self) -> int:
+        """Replay the offsets topic (call once, after recovery); returns documents read."""
+        n = 0
+        for raw in self.backend.scan_internal(OFFSETS_TOPIC):
+            n += 1
+            try:
+                d = orjson.loads(raw)
+                key = (d["tenant"], d["group"], d["topic"], int(d["partition"]))
+                self.table[key] = (int(d["offset"]), d.get("metadata"), int(d.get("epoch", -1)))
+            except (ValueError, KeyError, TypeError):
+                log.warning("kafka: skipping a malformed committed-offset document")
+        return n
+
+    @staticmethod
+    def _doc(key: Key, c: Committed) -> bytes:
+        return orjson.dumps(
+            {
+                "tenant": key[0],
+                "group": key[1],
+                "topic": key[2],
+                "partition": key[3],
+                "offset": c[0],
+                "metadata": c[1],
+                "epoch": c[2],
+            }
+        )
+
+    async def commit(
+        self, tenant: str, group: str, entries: list[tuple[str, int, Committed]]
+    ) -> None:
+        """Durably record `entries` (topic, partition, committed) for one group.
+
+        Raises :class:`~topics.kafka.backend.BackendError` when the write fails;
+        nothing is recorded then.
+        """
+        if not entries:
+            return
+        docs = [self._doc((tenant, group, t, p), c) for t, p, c in entries]
+        self._inflight += 1
+        try:
+            await self.backend.append_internal(OFFSETS_TOPIC, docs)
+        finally:
+            self._inflight -= 1
+        for t, p, c in entries:
+            self.table[(tenant, group, t, p)] = c
+        await self._maybe_compact()
+
+    def get(self, tenant: str, group: str, topic: str, partition: int) -> Committed | None:
+        return self.table.get((tenant, group, topic, partition))
+
+    def committed_partitions(self, tenant: str, group: str) -> list[tuple[str, int]]:
+        """Every (topic, partition) the group has an offset for, sorted."""
+        return sorted((k[2], k[3]) for k in self.table if k[0] == tenant and k[1] == group)
+
+    async def _maybe_compact(self) -> None:
+        if self._compacting or self._inflight:
+            return
+        held = self.backend.count(OFFSETS_TOPIC)
+        if held < max(COMPACT_MIN, 4 * len(self.table)):
+            return
+        self._compacting = True
+        try:
+            snapshot = [self._doc(k, c) for k, c in self.table.items()]
+            first = await self.backend.append_internal(OFFSETS_TOPIC, snapshot)
+            await self.backend.delete_before(OFFSETS_TOPIC, first)
+            log.info("kafka: compacted committed offsets to %d documents", len(snapshot))
+        except Exception as exc:  # compaction is an optimisation; commits stay correct
+            log.warning("kafka: offset compaction failed: %s", exc)
+        finally:
+            self._compacting = False
+
+    def stats(self) -> dict[str, Any]:
+        return {"keys": len(self.table), "documents": self.backend.count(OFFSETS_TOPIC)}

@@ -1,0 +1,229 @@
+"""Kafka request/response envelopes through kafka-python's generated codec.
+
+No wire struct is written by hand here: kafka-python 3.0.12 (pinned in
+pyproject.toml) ships Apache Kafka's JSON message schemas and generates an
+encoder and decoder per (message, version). :func:`decode_request` turns one
+request frame (without its 4-byte size prefix) into a request object;
+:func:`encode_response` frames a response object for the wire.
+
+The advertised table (:data:`SUPPORTED`) is the one the feasibility notes
+found to work for librdkafka 2.16, kafka-python 3.0.12 and aiokafka 0.14
+(`shared/notes/kafka-feasibility.md` §2b): all three clients negotiate inside
+it. Fetch stays at v12 or lower because v13+ addresses topics by id only.
+"""
+
+from __future__ import annotations
+
+import struct
+import warnings
+from typing import Any
+
+# kafka-python 3.0.12 loads its JSON schemas with importlib.resources calls that
+# warn (DeprecationWarning) on Python 3.11; the warning is about its own code.
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from kafka.protocol.admin import (
+        CreateTopicsRequest,
+        CreateTopicsResponse,
+        DeleteTopicsRequest,
+        DeleteTopicsResponse,
+    )
+    from kafka.protocol.consumer import (
+        FetchRequest,
+        FetchResponse,
+        HeartbeatRequest,
+        HeartbeatResponse,
+        JoinGroupRequest,
+        JoinGroupResponse,
+        LeaveGroupRequest,
+        LeaveGroupResponse,
+        ListOffsetsRequest,
+        ListOffsetsResponse,
+        OffsetCommitRequest,
+        OffsetCommitResponse,
+        OffsetFetchRequest,
+        OffsetFetchResponse,
+        SyncGroupRequest,
+        SyncGroupResponse,
+    )
+    from kafka.protocol.metadata import (
+        ApiVersionsRequest,
+        ApiVersionsResponse,
+        FindCoordinatorRequest,
+        FindCoordinatorResponse,
+        MetadataRequest,
+        MetadataResponse,
+    )
+    from kafka.protocol.producer import (
+        InitProducerIdRequest,
+        InitProducerIdResponse,
+        ProduceRequest,
+        ProduceResponse,
+    )
+    from kafka.protocol.sasl import (
+        SaslAuthenticateRequest,
+        SaslAuthenticateResponse,
+        SaslHandshakeRequest,
+        SaslHandshakeResponse,
+    )
+
+__all__ = [
+    "API_NAMES",
+    "SUPPORTED",
+    "REQUESTS",
+    "RESPONSES",
+    "ProtocolError",
+    "RequestHeader",
+    "peek_header",
+    "decode_request",
+    "encode_response",
+    "api_versions_response",
+]
+
+PRODUCE = 0
+FETCH = 1
+LIST_OFFSETS = 2
+METADATA = 3
+OFFSET_COMMIT = 8
+OFFSET_FETCH = 9
+FIND_COORDINATOR = 10
+JOIN_GROUP = 11
+HEARTBEAT = 12
+LEAVE_GROUP = 13
+SYNC_GROUP = 14
+SASL_HANDSHAKE = 17
+API_VERSIONS = 18
+CREATE_TOPICS = 19
+DELETE_TOPICS = 20
+INIT_PRODUCER_ID = 22
+SASL_AUTHENTICATE = 36
+
+#: api key -> (min, max) version this broker answers (ApiVersions advertises it).
+SUPPORTED: dict[int, tuple[int, int]] = {
+    PRODUCE: (3, 9),
+    FETCH: (4, 12),
+    LIST_OFFSETS: (1, 7),
+    METADATA: (0, 12),
+    OFFSET_COMMIT: (2, 8),
+    OFFSET_FETCH: (1, 7),
+    FIND_COORDINATOR: (0, 4),
+    JOIN_GROUP: (0, 7),
+    HEARTBEAT: (0, 4),
+    LEAVE_GROUP: (0, 4),
+    SYNC_GROUP: (0, 5),
+    SASL_HANDSHAKE: (0, 1),
+    API_VERSIONS: (0, 3),
+    CREATE_TOPICS: (2, 7),
+    DELETE_TOPICS: (1, 5),
+    INIT_PRODUCER_ID: (0, 4),
+    SASL_AUTHENTICATE: (0, 2),
+}
+
+REQUESTS: dict[int, Any] = {
+    PRODUCE: ProduceRequest,
+    FETCH: FetchRequest,
+    LIST_OFFSETS: ListOffsetsRequest,
+    METADATA: MetadataRequest,
+    OFFSET_COMMIT: OffsetCommitRequest,
+    OFFSET_FETCH: OffsetFetchRequest,
+    FIND_COORDINATOR: FindCoordinatorRequest,
+    JOIN_GROUP: JoinGroupRequest,
+    HEARTBEAT: HeartbeatRequest,
+    LEAVE_GROUP: LeaveGroupRequest,
+    SYNC_GROUP: SyncGroupRequest,
+    SASL_HANDSHAKE: SaslHandshakeRequest,
+    API_VERSIONS: ApiVersionsRequest,
+    CREATE_TOPICS: CreateTopicsRequest,
+    DELETE_TOPICS: DeleteTopicsRequest,
+    INIT_PRODUCER_ID: InitProducerIdRequest,
+    SASL_AUTHENTICATE: SaslAuthenticateRequest,
+}
+
+RESPONSES: dict[int, Any] = {
+    PRODUCE: ProduceResponse,
+    FETCH: FetchResponse,
+    LIST_OFFSETS: ListOffsetsResponse,
+    METADATA: MetadataResponse,
+    OFFSET_COMMIT: OffsetCommitResponse,
+    OFFSET_FETCH: OffsetFetchResponse,
+    FIND_COORDINATOR: FindCoordinatorResponse,
+    JOIN_GROUP: JoinGroupResponse,
+    HEARTBEAT: HeartbeatResponse,
+    LEAVE_GROUP: LeaveGroupResponse,
+    SYNC_GROUP: SyncGroupResponse,
+    SASL_HANDSHAKE: SaslHandshakeResponse,
+    API_VERSIONS: ApiVersionsResponse,
+    CREATE_TOPICS: CreateTopicsResponse,
+    DELETE_TOPICS: DeleteTopicsResponse,
+    INIT_PRODUCER_ID: InitProducerIdResponse,
+    SASL_AUTHENTICATE: SaslAuthenticateResponse,
+}
+
+API_NAMES: dict[int, str] = {k: v.__name__.removesuffix("Request") for k, v in REQUESTS.items()}
+
+_HEAD = struct.Struct(">hhi")
+
+
+class ProtocolError(Exception):
+    """A request frame that cannot be decoded: the connection is closed."""
+
+
+class RequestHeader:
+    """The fixed prefix every request starts with (api key, version, correlation id)."""
+
+    __slots__ = ("api_key", "api_version", "correlation_id")
+
+    def __init__(self, api_key: int, api_version: int, correlation_id: int) -> None:
+        self.api_key = api_key
+        self.api_version = api_version
+        self.correlation_id = correlation_id
+
+
+def peek_header(frame: bytes) -> RequestHeader:
+    """Read api key, version and correlation id from a request frame.
+
+    Raises :class:`ProtocolError` when the frame is shorter than the 8-byte prefix.
+    """
+    if len(frame) < 8:
+        raise ProtocolError(f"request frame of {len(frame)} bytes is shorter than its header")
+    k, v, c = _HEAD.unpack_from(frame, 0)
+    return RequestHeader(k, v, c)
+
+
+def decode_request(frame: bytes, head: RequestHeader) -> Any:
+    """Decode a whole request (header included) at the version it names.
+
+    The caller has checked that `head.api_key` is in :data:`REQUESTS`. Raises
+    :class:`ProtocolError` on a truncated or malformed body, or a version the
+    codec has no schema for. Bytes after the last field are ignored.
+    """
+    cls = REQUESTS[head.api_key]
+    if not 0 <= head.api_version <= cls.max_version:
+        raise ProtocolError(f"{API_NAMES[head.api_key]} v{head.api_version} is beyond the codec")
+    try:
+        return cls.decode(frame, version=head.api_version, header=True)
+    except Exception as exc:  # the codec raises struct/index/value/unicode errors
+        raise ProtocolError(
+            f"malformed {API_NAMES[head.api_key]} v{head.api_version}: {type(exc).__name__}: {exc}"
+        ) from None
+
+
+def encode_response(resp: Any, version: int, correlation_id: int) -> bytes:
+    """Frame `resp` (size prefix + response header + body) at `version`."""
+    resp.API_VERSION = version
+    resp.with_header(correlation_id=correlation_id)
+    return bytes(resp.encode(header=True, framed=True))
+
+
+def api_versions_response(version: int, error_code: int = 0) -> Any:
+    """The ApiVersions answer listing :data:`SUPPORTED`.
+
+    An unsupported ApiVersions version is answered with `error_code` 35 in the
+    v0 body layout, which every client parses before retrying lower (KIP-511).
+    """
+    R = ApiVersionsResponse
+    keys = [
+        R.ApiVersion(api_key=k, min_version=lo, max_version=hi)
+        for k, (lo, hi) in sorted(SUPPORTED.items())
+    ]
+    return R(version=version, error_code=error_code, api_keys=keys, throttle_time_ms=0)

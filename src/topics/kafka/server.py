@@ -1,0 +1,354 @@
+"""The Kafka-wire listener: an asyncio server on the loop that owns the engine.
+
+Framing: every request is a 4-byte big-endian size and that many bytes;
+responses go back in request order. Requests on one connection are processed
+concurrently (a Fetch long-poll does not hold up a Heartbeat behind it) but
+each starts in arrival order and Produce stages its records before its first
+await, so pipelined writes get their offsets in order.
+
+Bad input never reaches other connections: a frame larger than the limit, a
+truncated or undecodable request, an unknown API key or a request before
+SASL authentication (when keys are configured) closes only that connection,
+with one log line. An API version outside the advertised range is answered
+with UNSUPPORTED_VERSION (35).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import struct
+from collections import deque
+from collections.abc import Awaitable
+from typing import Any
+
+from topics.clock import Clock, SystemClock
+from topics.config import ServerConfig
+from topics.engine.core import Engine
+from topics.http.auth import DEV_PRINCIPAL, Authenticator
+from topics.kafka import errors as E
+from topics.kafka import protocol as P
+from topics.kafka.backend import KafkaBackend
+from topics.kafka.broker import Broker, ConnState, internal_topics
+
+__all__ = ["KafkaServer", "start_kafka"]
+
+log = logging.getLogger("topics.kafka")
+
+_SIZE = struct.Struct(">i")
+MAX_INFLIGHT = 64
+PRE_AUTH_APIS = frozenset({P.API_VERSIONS, P.SASL_HANDSHAKE, P.SASL_AUTHENTICATE})
+INLINE_APIS = PRE_AUTH_APIS
+
+
+class Faults:
+    """Test hooks (in-process servers only): make the next N produce responses vanish.
+
+    With `drop_produce_responses > 0` the connection is closed instead of sending
+    a Produce response (the write itself still happens), which makes a client
+    retry the batch: the idempotent-producer path has to recognise it.
+    """
+
+    def __init__(self) -> None:
+        self.drop_produce_responses = 0
+
+
+class KafkaServer:
+    """The listener plus the broker state behind it (groups, offsets, producers)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        cfg: ServerConfig,
+        *,
+        clock: Clock | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.backend = KafkaBackend(engine, hidden=internal_topics())
+        auth = Authenticator(cfg.api_keys)
+        self.auth_enabled = auth.enabled
+        self.max_frame = max(cfg.limits.max_body_bytes, 1 << 20)
+        self.broker = Broker(
+            self.backend,
+            advertised=("127.0.0.1", 0),
+            auth_enabled=auth.enabled,
+            authenticate=auth.authenticate,
+            now_ms=(clock or SystemClock()).now_ms(),
+        )
+        self.faults = Faults()
+        self.host = ""
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._conns: set[asyncio.Task[None]] = set()
+        self._handlers: dict[int, Any] = {
+            P.PRODUCE: self.broker.produce,
+            P.FETCH: self.broker.fetch,
+            P.LIST_OFFSETS: self.broker.list_offsets,
+            P.METADATA: self.broker.metadata,
+            P.OFFSET_COMMIT: self.broker.offset_commit,
+            P.OFFSET_FETCH: self.broker.offset_fetch,
+            P.FIND_COORDINATOR: self.broker.find_coordinator,
+            P.JOIN_GROUP: self.broker.join_group,
+            P.HEARTBEAT: self.broker.heartbeat,
+            P.LEAVE_GROUP: self.broker.leave_group,
+            P.SYNC_GROUP: self.broker.sync_group,
+            P.SASL_HANDSHAKE: self.broker.sasl_handshake,
+            P.API_VERSIONS: self.broker.api_versions,
+            P.CREATE_TOPICS: self.broker.create_topics,
+            P.DELETE_TOPICS: self.broker.delete_topics,
+            P.INIT_PRODUCER_ID: self.broker.init_producer_id,
+            P.SASL_AUTHENTICATE: self.broker.sasl_authenticate,
+        }
+
+    async def start(self, host: str, port: int) -> None:
+        """Replay committed offsets, then bind `host:port` (0 = ephemeral).
+
+        Raises OSError when the address cannot be bound.
+        """
+        n = self.broker.offsets.load()
+        if n:
+            log.info("kafka: replayed %d committed-offset documents", n)
+        self._server = await asyncio.start_server(
+            self._accept, host, port, reuse_address=True, limit=1 << 20
+        )
+        sock = self._server.sockets[0]
+        self.host, self.port = sock.getsockname()[:2]
+        self.broker.advertised = _advertised(self.cfg.kafka_advertised, host, self.port)
+        self.broker.groups.start()
+        log.info(
+            "kafka listener on %s:%d (advertised %s:%d, SASL/PLAIN %s)",
+            self.host,
+            self.port,
+            *self.broker.advertised,
+            "required" if self.auth_enabled else "off",
+        )
+
+    async def stop(self) -> None:
+        """Stop accepting, close every connection and the group coordinator."""
+        if self._server is not None:
+            self._server.close()
+        for t in list(self._conns):
+            t.cancel()
+        for t in list(self._conns):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2)
+            self._server = None
+        await self.broker.groups.stop()
+
+    # ------------------------------------------------------------ connection
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._conns.add(task)
+        peer = writer.get_extra_info("peername")
+        peer_s = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = ConnState(peer_s, None if self.auth_enabled else DEV_PRINCIPAL)
+        try:
+            await self._serve(conn, reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            log.exception("kafka: connection %s failed", peer_s)
+        finally:
+            for t in list(conn.tasks):
+                t.cancel()
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+            self._conns.discard(task)
+
+    async def _serve(
+        self, conn: ConnState, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        pending: deque[tuple[int, int, int, Awaitable[Any] | Any]] = deque()
+        room = asyncio.Semaphore(MAX_INFLIGHT)
+        wake = asyncio.Event()
+        closing = False
+
+        async def write_loop() -> None:
+            try:
+                while True:
+                    while not pending:
+                        wake.clear()
+                        await wake.wait()
+                    key, ver, corr, item = pending[0]
+                    resp = await item if isinstance(item, asyncio.Future) else item
+                    pending.popleft()
+                    room.release()
+                    if resp is None:  # acks=0 produce: no response at all
+                        continue
+                    if key < 0:  # pre-framed bytes (SASL v0 token answer)
+                        writer.write(resp)
+                        continue
+                    if key == P.PRODUCE and self.faults.drop_produce_responses > 0:
+                        self.faults.drop_produce_responses -= 1
+                        log.info("kafka: test fault: dropping a produce response to %s", conn.peer)
+                        writer.close()
+                        return
+                    writer.write(P.encode_response(resp, ver, corr))
+                    if not pending:
+                        await writer.drain()
+                    if conn.close_after and not pending:
+                        writer.close()
+                        return
+            except (ConnectionError, asyncio.CancelledError):
+                writer.close()
+            except Exception:
+                log.exception("kafka: closing %s: response failed", conn.peer)
+                writer.close()
+
+        wtask = asyncio.get_running_loop().create_task(write_loop())
+        conn.tasks.add(wtask)
+        try:
+            while not closing:
+                head4 = await reader.readexactly(4)
+                (size,) = _SIZE.unpack(head4)
+                if size < 0 or size > self.max_frame:
+                    log.warning(
+                        "kafka: closing %s: request of %d bytes (limit %d)",
+                        conn.peer,
+                        size,
+                        self.max_frame,
+                    )
+                    return
+                frame = await reader.readexactly(size)
+                if wtask.done():
+                    return
+                if conn.sasl_raw:
+                    # SaslHandshake v0: the next frame is a bare PLAIN token.
+                    conn.sasl_raw = False
+                    err = self.broker.plain_login(conn, frame)
+                    if err is not None or conn.principal is None:
+                        log.info("kafka: closing %s: SASL/PLAIN failed (%s)", conn.peer, err)
+                        return
+                    await room.acquire()
+                    pending.append((-1, 0, 0, _SIZE.pack(0)))
+                    wake.set()
+                    continue
+                try:
+                    head = P.peek_header(frame)
+                except P.ProtocolError as exc:
+                    log.warning("kafka: closing %s: %s", conn.peer, exc)
+                    return
+                key, ver = head.api_key, head.api_version
+                if key not in P.REQUESTS:
+                    log.warning("kafka: closing %s: unknown API key %d", conn.peer, key)
+                    return
+                if conn.principal is None and key not in PRE_AUTH_APIS:
+                    log.warning(
+                        "kafka: closing %s: %s before SASL authentication",
+                        conn.peer,
+                        P.API_NAMES[key],
+                    )
+                    return
+                lo, hi = P.SUPPORTED[key]
+                if key == P.API_VERSIONS and ver > hi:
+                    # Answered without decoding: a newer client's body may not parse.
+                    await room.acquire()
+                    pending.append(
+                        (
+                            key,
+                            0,
+                            head.correlation_id,
+                            P.api_versions_response(0, E.UNSUPPORTED_VERSION),
+                        )
+                    )
+                    wake.set()
+                    continue
+                try:
+                    req = P.decode_request(frame, head)
+                except P.ProtocolError as exc:
+                    log.warning("kafka: closing %s: %s", conn.peer, exc)
+                    return
+                hdr = req.header
+                if hdr is not None and hdr.client_id:
+                    conn.client_id = hdr.client_id
+                await room.acquire()
+                if not lo <= ver <= hi:
+                    log.info(
+                        "kafka: %s v%d from %s is outside %d-%d: UNSUPPORTED_VERSION",
+                        P.API_NAMES[key],
+                        ver,
+                        conn.peer,
+                        lo,
+                        hi,
+                    )
+                    try:
+                        item: Any = self.broker.error_response(key, req, E.UNSUPPORTED_VERSION)
+                    except Exception:
+                        log.warning(
+                            "kafka: closing %s: cannot answer %s v%d",
+                            conn.peer,
+                            P.API_NAMES[key],
+                            ver,
+                        )
+                        return
+                    pending.append((key, ver, head.correlation_id, item))
+                    wake.set()
+                    continue
+                handler = self._handlers[key]
+                if key in INLINE_APIS:
+                    # Synchronous: authentication state changes before the next read.
+                    item = handler(conn, req, ver)
+                    if item is None:
+                        room.release()
+                        continue
+                    pending.append((key, ver, head.correlation_id, item))
+                    wake.set()
+                    continue
+                res = handler(conn, req, ver)
+                if asyncio.iscoroutine(res):
+                    fut = asyncio.ensure_future(self._guard(conn, key, res))
+                    pending.append((key, ver, head.correlation_id, fut))
+                else:
+                    pending.append((key, ver, head.correlation_id, res))
+                wake.set()
+            await wtask
+        finally:
+            if not wtask.done():
+                wtask.cancel()
+
+    async def _guard(self, conn: ConnState, key: int, coro: Any) -> Any:
+        """Run a handler; an unexpected failure closes only this connection."""
+        try:
+            return await coro
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("kafka: %s handler failed for %s", P.API_NAMES[key], conn.peer)
+            raise
+
+
+def _advertised(spec: str | None, bind_host: str, port: int) -> tuple[str, int]:
+    """`TOPICS_KAFKA_ADVERTISED` (`host:port` or `host`), else the bound address.
+
+    An unspecified bind address (`0.0.0.0`, `::`) advertises the machine's
+    hostname, which clients must be able to resolve.
+    """
+    if spec:
+        h, sep, p = spec.rpartition(":")
+        if sep and p.isdigit() and h:
+            return h.strip("[]"), int(p)
+        return spec.strip("[]"), port
+    if bind_host in ("0.0.0.0", "::", ""):
+        return socket.gethostname(), port
+    return bind_host, port
+
+
+async def start_kafka(engine: Engine, cfg: ServerConfig, host: str, port: int) -> KafkaServer:
+    """Build and start a listener for `engine` (call after WAL recovery)."""
+    srv = KafkaServer(engine, cfg)
+    await srv.start(host, port)
+    return srv

@@ -1,0 +1,243 @@
+"""Issue 5 acceptance, per client: produce/consume, groups, restart, rebalance,
+idempotent retries, out-of-range after eviction (real Kafka clients from PyPI)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.kafka.support import (
+    CLIENTS,
+    InProcess,
+    KafkaProcess,
+    ck_conf,
+    consume_assign,
+    group_consume,
+    items,
+    produce,
+    py_conf,
+)
+
+pytestmark = pytest.mark.kafka
+
+
+def name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+@pytest.mark.parametrize("acks", ["1", "all"])
+def test_produce_then_assign_and_seek(kserver: KafkaProcess, client: str, acks: str) -> None:
+    topic = name(f"p-{client}-{acks}")
+    want = items(120, prefix=client)
+    offsets = produce(client, kserver.bootstrap, topic, want, acks=acks)
+    assert offsets == list(range(120))
+    got = consume_assign(client, kserver.bootstrap, topic, 0, 120)
+    assert [m.offset for m in got] == list(range(120))
+    assert [(m.key, m.value, m.headers) for m in got] == [(k, v, h) for k, v, h in want]
+    tail = consume_assign(client, kserver.bootstrap, topic, 60, 60)
+    assert [m.offset for m in tail] == list(range(60, 120))
+    assert tail[0].value == want[60][1]
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_acks_all_on_an_fsync_topic(kserver: KafkaProcess, client: str) -> None:
+    topic = name(f"fs-{client}")
+    r = httpx.put(f"{kserver.base}/v0/topics/{topic}", json={"durability": "fsync"})
+    assert r.status_code == 201
+    offsets = produce(client, kserver.bootstrap, topic, items(50), acks="all")
+    assert offsets == list(range(50))
+    state = httpx.get(f"{kserver.base}/v0/topics/{topic}").json()
+    assert state["head_seq"] == 50 and state["config"]["durability"] == "fsync"
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_group_commit_survives_restart(tmp_path: Path, client: str) -> None:
+    srv = KafkaProcess(tmp_path)
+    try:
+        topic, group = name(f"g-{client}"), name("grp")
+        produce(client, srv.bootstrap, topic, items(100))
+        first = group_consume(client, srv.bootstrap, topic, group, 60)
+        assert [m.offset for m in first] == list(range(60))
+        srv.restart()
+        rest = group_consume(client, srv.bootstrap, topic, group, 40)
+        assert [m.offset for m in rest] == list(range(60, 100))
+        assert rest[0].value == items(100)[60][1]
+    finally:
+        srv.stop()
+
+
+class Member:
+    """A subscribed consumer polling in its own thread; exposes its assignment."""
+
+    def __init__(self, client: str, bs: str, group: str, topics: list[str]) -> None:
+        self.client, self.bs, self.group, self.topics = client, bs, group, topics
+        self.assigned: set[str] = set()
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            if self.client == "aiokafka":
+                asyncio.run(self._aio())
+            elif self.client == "confluent":
+                self._ck()
+            else:
+                self._kp()
+        except BaseException as exc:  # surfaced by the test
+            self.error = exc
+
+    def _ck(self) -> None:
+        from confluent_kafka import Consumer
+
+        c = Consumer(
+            ck_conf(
+                self.bs,
+                **{
+                    "group.id": self.group,
+                    "partition.assignment.strategy": "roundrobin",
+                    "session.timeout.ms": 6000,
+                    "heartbeat.interval.ms": 300,
+                    "auto.offset.reset": "earliest",
+                },
+            )
+        )
+        c.subscribe(self.topics)
+        while not self.stop.is_set():
+            c.poll(0.1)
+            self.assigned = {tp.topic for tp in c.assignment()}
+        c.close()
+
+    def _kp(self) -> None:
+        from kafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
+
+        from kafka import KafkaConsumer
+
+        c = KafkaConsumer(
+            **py_conf(
+                self.bs,
+                group_id=self.group,
+                partition_assignment_strategy=[RoundRobinPartitionAssignor],
+                session_timeout_ms=6000,
+                heartbeat_interval_ms=300,
+                auto_offset_reset="earliest",
+            )
+        )
+        c.subscribe(self.topics)
+        while not self.stop.is_set():
+            c.poll(timeout_ms=100)
+            self.assigned = {tp.topic for tp in c.assignment()}
+        c.close()
+
+    async def _aio(self) -> None:
+        from aiokafka import AIOKafkaConsumer
+        from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
+
+        c = AIOKafkaConsumer(
+            *self.topics,
+            **py_conf(
+                self.bs,
+                group_id=self.group,
+                partition_assignment_strategy=(RoundRobinPartitionAssignor,),
+                session_timeout_ms=6000,
+                heartbeat_interval_ms=300,
+                auto_offset_reset="earliest",
+            ),
+        )
+        await c.start()
+        while not self.stop.is_set():
+            await c.getmany(timeout_ms=100)
+            self.assigned = {tp.topic for tp in c.assignment()}
+        await c.stop()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(30)
+        assert self.error is None, self.error
+
+
+def wait_for(cond: Any, timeout: float = 30.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return bool(cond())
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_two_member_rebalance(kserver: KafkaProcess, client: str) -> None:
+    t1, t2, group = name("rb1"), name("rb2"), name(f"rb-{client}")
+    for t in (t1, t2):
+        produce(client, kserver.bootstrap, t, items(3))
+    both = {t1, t2}
+    a = Member(client, kserver.bootstrap, group, [t1, t2])
+    b: Member | None = None
+    try:
+        assert wait_for(lambda: a.assigned == both), a.assigned
+        b = Member(client, kserver.bootstrap, group, [t1, t2])
+        assert wait_for(
+            lambda: (
+                len(a.assigned) == 1 and len(b.assigned) == 1 and a.assigned | b.assigned == both
+            )
+        ), (a.assigned, b.assigned)
+        b.close()
+        b = None
+        assert wait_for(lambda: a.assigned == both), a.assigned
+    finally:
+        if b is not None:
+            b.close()
+        a.close()
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_idempotent_retry_writes_once(inproc: InProcess, client: str) -> None:
+    topic = name(f"idem-{client}")
+    inproc.call(inproc.server.backend.create(topic, {}))
+    # The first produce response is never sent (the connection drops after the
+    # write happened): the client retries the same batch with the same sequence.
+    inproc.server.faults.drop_produce_responses = 1
+    want = items(40)
+    offsets = produce(client, inproc.bootstrap, topic, want, acks="all", idempotent=True)
+    assert inproc.server.faults.drop_produce_responses == 0  # the fault fired
+    assert sorted(offsets) == list(range(40))
+    part = inproc.run(lambda: inproc.server.backend.partition(topic))
+    assert part.head_seq == 40  # nothing written twice
+    got = consume_assign(client, inproc.bootstrap, topic, 0, 40)
+    assert [m.value for m in got] == [v for _k, v, _h in want]
+
+
+def _out_of_range_error(exc: BaseException) -> bool:
+    text = f"{type(exc).__name__} {exc}"
+    return (
+        "OffsetOutOfRange" in text
+        or "OFFSET_OUT_OF_RANGE" in text
+        or "out of range" in text.lower()
+        or "_AUTO_OFFSET_RESET" in text
+    )
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_fetch_below_the_eviction_floor(kserver: KafkaProcess, client: str) -> None:
+    topic = name(f"cap-{client}")
+    r = httpx.put(f"{kserver.base}/v0/topics/{topic}", json={"cap_records": 10})
+    assert r.status_code == 201
+    produce(client, kserver.bootstrap, topic, items(30))
+    # auto.offset.reset=earliest: the client is told its offset is gone and
+    # restarts at the log start offset (the first retained record, offset 20).
+    got = consume_assign(client, kserver.bootstrap, topic, 0, 10, reset="earliest")
+    assert [m.offset for m in got] == list(range(20, 30))
+    # Without a reset policy the OFFSET_OUT_OF_RANGE error reaches the application.
+    with pytest.raises(Exception) as info:
+        more = consume_assign(client, kserver.bootstrap, topic, 5, 1, reset="none", timeout=10)
+        raise AssertionError(f"no error, got {more}")
+    assert _out_of_range_error(info.value), repr(info.value)
