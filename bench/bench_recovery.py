@@ -46,6 +46,7 @@ class Server:
         env.update(
             TOPICS_HOST="127.0.0.1",
             TOPICS_PORT="0",
+            TOPICS_KAFKA_PORT="0",
             TOPICS_PORT_FILE=str(self.port_file),
             TOPICS_DATA_DIR=str(data),
             TOPICS_LOG="warning",

@@ -606,6 +606,7 @@ class Server:
         env.update(
             TOPICS_HOST="127.0.0.1",
             TOPICS_PORT="0",
+            TOPICS_KAFKA_PORT="0",
             TOPICS_PORT_FILE=str(port_file),
             TOPICS_DATA_DIR=str(self.tmp / "data"),
         )

@@ -26,6 +26,8 @@ class ServerProcess:
                 "TOPICS_PORT": "0",
                 "TOPICS_PORT_FILE": str(self.port_file),
                 "TOPICS_DATA_DIR": str(tmp / "data"),
+                # The Kafka listener is off unless a test asks for it (9092 is shared).
+                "TOPICS_KAFKA_PORT": "0",
             }
         )
         full_env.update(env or {})
