@@ -1,17 +1,24 @@
 """Recovery time-to-ready of the real `topics serve` process.
 
-For each record count N: start a server on a fresh data dir, fill one topic with N
-records of 64 B (disk class, 1000-record batches over 4 connections), then
+For each record count N: start a server on a fresh data dir with checkpoints off,
+fill one topic with N records of 64 B (disk class, 1000-record batches over 4
+connections), then
 
 * SIGKILL it and time a restart from spawn until `/readyz` answers 200 (pure WAL
-  replay, nothing else to load), and
-* stop that server gracefully (SIGTERM) and time another restart.
+  replay: no snapshot, no segment), and
+* stop that server gracefully (SIGTERM: the final checkpoint moves everything
+  into segments) and time another restart (snapshot + `.idx` load).
 
-The recovered head and record count are checked against what was written.
-Prints a markdown table and writes JSON (default `bench/results/recovery.json`).
+With `--segments N`, fill N records with checkpoints on (the default triggers),
+stop gracefully and time the restart from segments. Every restart reports the
+slot-index bytes per record (`storage.index_bytes` of the JSON metrics) and the
+server's RSS. The recovered head and record count are checked against what was
+written. Prints a markdown table and writes JSON (default
+`bench/results/recovery.json`).
 
-    .venv/bin/python bench/bench_recovery.py                 # 1e5 and 1e6 records
-    .venv/bin/python bench/bench_recovery.py --counts 100000 # one size
+    .venv/bin/python bench/bench_recovery.py                    # 1e5 and 1e6 records
+    .venv/bin/python bench/bench_recovery.py --counts 100000    # one size
+    .venv/bin/python bench/bench_recovery.py --counts --segments 10000000
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 class Server:
     """`python -m topics serve` on 127.0.0.1:0 over `data`; stopped by its PID."""
 
-    def __init__(self, data: Path, log: Path) -> None:
+    def __init__(self, data: Path, log: Path, extra: dict[str, str] | None = None) -> None:
         self.port_file = data.parent / "port"
         self.port_file.unlink(missing_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("TOPICS_")}
@@ -51,6 +58,7 @@ class Server:
             TOPICS_DATA_DIR=str(data),
             TOPICS_LOG="warning",
         )
+        env.update(extra or {})
         self.log = open(log, "ab")
         self.t0 = time.perf_counter()
         self.proc = subprocess.Popen(
@@ -108,38 +116,96 @@ def state(base: str) -> tuple[int, int]:
     return int(s["head_seq"]), int(s["count"])
 
 
-def run(n: int, tmp: Path) -> dict[str, object]:
-    data = tmp / f"data-{n}"
-    log = tmp / f"server-{n}.log"
+def memory(s: Server) -> dict[str, float]:
+    """Slot-index bytes per retained record and the process RSS (MB)."""
+    with httpx.Client(base_url=s.base) as c:
+        m = c.get("/v0/metrics", headers={"accept": "application/json"}).json()
+    st = m.get("storage", {})
+    slots = max(int(st.get("index_slots", 0)), 1)
+    rss_kb = 0
+    for line in Path(f"/proc/{s.proc.pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            rss_kb = int(line.split()[1])
+    return {
+        "index_bytes_per_record": round(int(st.get("index_bytes", 0)) / slots, 1),
+        "rss_mb": round(rss_kb / 1024, 1),
+    }
+
+
+NO_CHECKPOINTS = {"TOPICS_CHECKPOINT_WAL_BYTES": "0", "TOPICS_CHECKPOINT_INTERVAL_MS": "0"}
+
+
+def run_segments(n: int, tmp: Path) -> dict[str, object]:
+    """Fill `n` records with checkpoints on, stop gracefully, time the restart."""
+    data = tmp / f"seg-{n}"
+    log = tmp / f"server-seg-{n}.log"
     shutil.rmtree(data, ignore_errors=True)
     s = Server(data, log)
     t = time.perf_counter()
     asyncio.run(fill(s.base, n))
     fill_s = time.perf_counter() - t
     head, count = state(s.base)
+    s.stop(signal.SIGTERM)
+    seg_bytes = sum(p.stat().st_size for p in (data / "topics").rglob("seg-*"))
+    s = Server(data, log)
+    ready = s.ready_s
+    head2, count2 = state(s.base)
+    mem = memory(s)
+    s.stop(signal.SIGTERM)
+    return {
+        "records": n,
+        "fill_s": round(fill_s, 2),
+        "segment_bytes": seg_bytes,
+        "written": {"head": head, "count": count},
+        "after_clean_stop": {"ready_s": round(ready, 3), "head": head2, "count": count2, **mem},
+    }
+
+
+def run(n: int, tmp: Path) -> dict[str, object]:
+    data = tmp / f"data-{n}"
+    log = tmp / f"server-{n}.log"
+    shutil.rmtree(data, ignore_errors=True)
+    s = Server(data, log, NO_CHECKPOINTS)
+    t = time.perf_counter()
+    asyncio.run(fill(s.base, n))
+    fill_s = time.perf_counter() - t
+    head, count = state(s.base)
     s.stop(signal.SIGKILL)
     wal_bytes = sum(p.stat().st_size for p in (data / "wal").rglob("*.log"))
-    s = Server(data, log)
+    s = Server(data, log, NO_CHECKPOINTS)
     kill_ready = s.ready_s
     head2, count2 = state(s.base)
+    mem_wal = memory(s)
     s.stop(signal.SIGTERM)
-    s = Server(data, log)
+    s = Server(data, log, NO_CHECKPOINTS)
     clean_ready = s.ready_s
     head3, count3 = state(s.base)
+    mem_seg = memory(s)
     s.stop(signal.SIGTERM)
     return {
         "records": n,
         "fill_s": round(fill_s, 2),
         "wal_bytes": wal_bytes,
         "written": {"head": head, "count": count},
-        "after_sigkill": {"ready_s": round(kill_ready, 3), "head": head2, "count": count2},
-        "after_clean_stop": {"ready_s": round(clean_ready, 3), "head": head3, "count": count3},
+        "after_sigkill": {
+            "ready_s": round(kill_ready, 3),
+            "head": head2,
+            "count": count2,
+            **mem_wal,
+        },
+        "after_clean_stop": {
+            "ready_s": round(clean_ready, 3),
+            "head": head3,
+            "count": count3,
+            **mem_seg,
+        },
     }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--counts", type=int, nargs="+", default=[100_000, 1_000_000])
+    ap.add_argument("--counts", type=int, nargs="*", default=[100_000, 1_000_000])
+    ap.add_argument("--segments", type=int, nargs="*", default=[])
     ap.add_argument("--json", default=str(ROOT / "bench/results/recovery.json"))
     args = ap.parse_args()
     results = []
@@ -147,18 +213,27 @@ def main() -> int:
         for n in args.counts:
             print(f"filling {n:,} records ...", file=sys.stderr)
             results.append(run(n, Path(d)))
-    print(
-        "| records | WAL MB | ready after SIGKILL (s) | ready after clean stop (s) | recovered count |"
-    )
-    print("|---|---|---|---|---|")
+        for n in args.segments:
+            print(f"filling {n:,} records (checkpoints on) ...", file=sys.stderr)
+            results.append(run_segments(n, Path(d)))
+    print("| records | loaded from | ready (s) | recovered count | index B/record | RSS MB |")
+    print("|---|---|---|---|---|---|")
     for r in results:
-        k = r["after_sigkill"]
-        c = r["after_clean_stop"]
-        assert isinstance(k, dict) and isinstance(c, dict)
-        print(
-            f"| {r['records']:,} | {int(r['wal_bytes']) / 1e6:.0f} | {k['ready_s']} | "
-            f"{c['ready_s']} | {k['count']:,} / {c['count']:,} |"
-        )
+        rows = []
+        if "after_sigkill" in r:
+            rows.append(
+                (f"WAL ({int(r['wal_bytes']) / 1e6:.0f} MB), after SIGKILL", r["after_sigkill"])
+            )
+            rows.append(("segments, after clean stop", r["after_clean_stop"]))
+        else:
+            mb = int(r["segment_bytes"]) / 1e6
+            rows.append((f"segments ({mb:.0f} MB), after clean stop", r["after_clean_stop"]))
+        for label, k in rows:
+            assert isinstance(k, dict)
+            print(
+                f"| {r['records']:,} | {label} | {k['ready_s']} | {k['count']:,} | "
+                f"{k['index_bytes_per_record']} | {k['rss_mb']} |"
+            )
     out = {
         "env": {"python": platform.python_version(), "cpus": os.cpu_count()},
         "git": subprocess.run(

@@ -92,6 +92,7 @@ async def _serve(cfg: ServerConfig) -> int:
         f"; torn tails truncated: {report.torn}" if report.torn else "",
     )
     storage.start()
+    app.storage = storage
 
     async def close_storage(_app: TopicsApp) -> None:
         await storage.close()

@@ -326,3 +326,27 @@ def test_scan_columns_agrees_with_scan(pieces: list[bytes], start: int) -> None:
 @given(st.binary(max_size=120), st.integers(-2, 130))
 def test_scan_columns_arbitrary_bytes(buf: bytes, start: int) -> None:
     same_scan(buf, start)
+
+
+# -- bulk WAL -> segment conversion ------------------------------------------------
+
+
+@budget(150)
+@given(st.lists(appends, min_size=1, max_size=12), st.binary(max_size=5))
+def test_segment_blob_equals_wal_to_segment_per_frame(specs_: list[Spec], pad: bytes) -> None:
+    import numpy as np
+
+    from topics.storage.segment import segment_blob
+
+    wal = [s.wal() for s in specs_]
+    buf = pad + b"".join(wal)
+    offs = np.cumsum([len(pad), *[len(w) for w in wal[:-1]]])
+    # Two buffers: the frames alternate between `buf` and a copy of it.
+    which = np.arange(len(wal)) % 2
+    blob, lens, flags, seqs = segment_blob(
+        [buf, bytes(buf)], which, offs, np.array([len(w) for w in wal])
+    )
+    assert blob == b"".join(F.wal_to_segment(w) for w in wal)
+    assert lens.tolist() == [len(w) - 1 for w in wal]
+    assert flags.tolist() == [w[5] for w in wal]
+    assert seqs.tolist() == [s.args[1] for s in specs_]

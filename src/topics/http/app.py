@@ -143,6 +143,8 @@ class TopicsApp:
         self.auth = Authenticator(config.api_keys)
         self.ready = True
         self.replay_progress = 1.0
+        # The durable storage runtime (topics.storage.runtime.Storage), when there is one.
+        self.storage: Any = None
         self.started = time.monotonic()
         self.inflight: dict[bytes, int] = {}
         self.sse_total = 0

@@ -86,6 +86,50 @@ def metrics_json(app: TopicsApp) -> dict[str, Any]:
     wal = getattr(app.engine.journal, "metrics", None)
     if callable(wal):
         out["wal"] = wal()
+    st = storage_stats(app)
+    if st is not None:
+        out["storage"] = st
+    return out
+
+
+def storage_stats(app: TopicsApp) -> dict[str, Any] | None:
+    """Index and checkpoint figures (ours, beyond API §11.3): bytes in ints, times in s.
+
+    `index_bytes` is what the per-topic slot arrays hold (capacity included),
+    `chunk_bytes` the in-memory frames not yet copied into segments.
+    """
+    storage = app.storage
+    eng = app.engine
+    index_bytes = sum(t.index.nbytes() for t in eng.topics.values())
+    slots = sum(len(t.index) for t in eng.topics.values())
+    out: dict[str, Any] = {"index_bytes": index_bytes, "index_slots": slots}
+    out["chunk_bytes"] = sum(t.chunk_bytes() for t in eng.topics.values())
+    if storage is None:
+        return out
+    ck = storage.checkpointer
+    out["segments"] = sum(len(st.segs) for st in list(ck.stores.values()))
+    out["checkpoints"] = ck.cycles
+    out["checkpoint_failures"] = ck.failures
+    last = ck.last
+    if last is not None:
+        out["last_checkpoint"] = {
+            "snapshot": last.snapshot,
+            "records": last.records,
+            "bytes": last.bytes,
+            "sealed": last.sealed,
+            "dropped": last.dropped,
+            "flips": last.flips,
+            "wal_files_pruned": last.wal_pruned,
+            "seconds": round(last.seconds, 4),
+        }
+    rep = storage.report
+    out["recovery"] = {
+        "snapshot": rep.snapshot,
+        "segment_records": rep.segment_records,
+        "wal_records": rep.records,
+        "wal_frames": rep.frames,
+        "seconds": round(rep.seconds, 4),
+    }
     return out
 
 
@@ -195,6 +239,36 @@ def render_prometheus(app: TopicsApp) -> bytes:
     wal_lines = getattr(eng.journal, "prometheus_lines", None)
     if callable(wal_lines):
         lines.extend(wal_lines())
+    st = storage_stats(app)
+    if st is not None:
+        metric(
+            "topics_index_bytes",
+            "gauge",
+            "Bytes of the per-topic slot indexes.",
+            [("", st["index_bytes"])],
+        )
+        metric(
+            "topics_chunk_bytes",
+            "gauge",
+            "Record bytes held in memory until checkpointed.",
+            [("", st["chunk_bytes"])],
+        )
+        if "segments" in st:
+            metric(
+                "topics_segments", "gauge", "Segment files (pairs) on disk.", [("", st["segments"])]
+            )
+            metric(
+                "topics_checkpoints_total",
+                "counter",
+                "Completed checkpoint cycles.",
+                [("", st["checkpoints"])],
+            )
+            metric(
+                "topics_checkpoint_failures_total",
+                "counter",
+                "Failed checkpoint cycles.",
+                [("", st["checkpoint_failures"])],
+            )
     return ("\n".join(lines) + "\n").encode()
 
 

@@ -41,7 +41,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import xxhash
 
 from topics.engine.index import LOC_HOLE, SlotArray
 from topics.engine.topic import CHUNK_BASE, Topic
@@ -49,7 +48,7 @@ from topics.errors import TopicsError
 from topics.storage.frame import encode_segment_record
 from topics.storage.fs import Fs
 from topics.storage.meta import capture_meta
-from topics.storage.segment import SegmentWriter, segment_paths
+from topics.storage.segment import SegmentWriter, segment_blob, segment_paths
 from topics.storage.snapshot import (
     decode_snapshot,
     list_snapshots,
@@ -76,6 +75,7 @@ log = logging.getLogger("topics.checkpoint")
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _WAL_SEQ = 14  # byte offset of `seq` in a WAL frame
+_HOLE_FRAME = 45  # a segment frame with no node, tag or payload
 
 
 class CheckpointFailed(Exception):
@@ -170,6 +170,7 @@ class Checkpointer:
         self.last: CheckpointReport | None = None
         self._stopped = False
         self._force = False
+        self._running: asyncio.Future[CheckpointReport] | None = None
 
     # ------------------------------------------------------------ scheduling
 
@@ -179,7 +180,11 @@ class Checkpointer:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        """Stop the periodic trigger and wait for a running cycle to finish."""
+        """Stop the periodic trigger and wait for a running cycle to finish.
+
+        A cycle in flight is never cancelled: its file work runs in a thread
+        that would go on writing while the next cycle starts.
+        """
         self._stopped = True
         task, self._task = self._task, None
         if task is not None:
@@ -188,8 +193,12 @@ class Checkpointer:
                 await task
             except asyncio.CancelledError:
                 pass
-        async with self._lock:
-            pass
+        running, self._running = self._running, None
+        if running is not None:
+            try:
+                await running
+            except Exception as exc:
+                log.error("checkpoint failed: %s", exc)
 
     def force_next(self) -> None:
         """Make the next trigger check run a cycle (e.g. after a large WAL replay)."""
@@ -225,10 +234,14 @@ class Checkpointer:
             await asyncio.sleep(self.cfg.check_s)
             if self._stopped or not self.due():
                 continue
+            self._running = asyncio.ensure_future(self.checkpoint())
             try:
-                await self.checkpoint()
+                await asyncio.shield(self._running)
+            except asyncio.CancelledError:
+                raise  # stop(): the shielded cycle finishes on its own and stop() awaits it
             except Exception as exc:  # logged; the next trigger retries
                 log.error("checkpoint failed: %s", exc)
+            self._running = None
 
     # ------------------------------------------------------------ one cycle
 
@@ -245,6 +258,18 @@ class Checkpointer:
                 self.failures += 1
                 raise
             report.seconds = time.perf_counter() - t0
+            log.info(
+                "checkpoint: snapshot %d, %d records (%d bytes) into segments, %d sealed, "
+                "%d dropped, %d delete flags, %d WAL files pruned, %.3f s",
+                report.snapshot,
+                report.records,
+                report.bytes,
+                report.sealed,
+                report.dropped,
+                report.flips,
+                report.wal_pruned,
+                report.seconds,
+            )
             self._force = False
             self.cycles += 1
             self.last = report
@@ -541,49 +566,35 @@ class Checkpointer:
         offs = np.zeros(n, np.uint32)
         lens = np.zeros(n, np.uint32)
         tid = p.topic.topic_id
-        r_loc = rows["loc"].tolist()
-        r_off = rows["offset"].tolist()
-        r_len = rows["len"].tolist()
-        r_ts = rows["ts"].tolist()
+        r_loc = rows["loc"].astype(np.int64)
+        r_off = rows["offset"].astype(np.int64)
+        r_len = rows["len"].astype(np.int64)
+        r_ts = rows["ts"]
+        hole = r_loc == LOC_HOLE
+        fsize = np.where(hole, _HOLE_FRAME, r_len - 1)  # segment frame sizes
         max_events, max_bytes = cfg.segment_max_events, cfg.segment_max_bytes
         i = 0
         while i < n:
             if w is None or w.count >= max_events or w.data_bytes >= max_bytes:
                 if w is not None:
                     self._seal(store, r, report)
-                w = self._open_segment(store, p.first + i, r, r_ts[i])
+                w = self._open_segment(store, p.first + i, r, int(r_ts[i]))
             room = max_events - w.count
-            budget = max_bytes - w.data_bytes
-            frames: list[bytes] = []
-            tss: list[int] = []
-            fls: list[int] = []
-            size = 0
-            j = i
-            while j < n and len(frames) < room and size < budget:
-                seq = p.first + j
-                loc = r_loc[j]
-                if loc == LOC_HOLE:
-                    fr = encode_segment_record(
-                        tid, seq, r_ts[j], None, None, b"", None, durable=False
-                    )
-                    fl = 0xD5
-                else:
-                    fr, fl = _segment_frame(p.chunks[loc], r_off[j], r_len[j], seq)
-                frames.append(fr)
-                tss.append(r_ts[j])
-                fls.append(fl)
-                size += len(fr)
-                j += 1
-            entries = w.append_many(frames, tss, fls)
+            sizes = fsize[i : i + room]
+            # Records that start below the byte trigger go in (the last may cross it).
+            k = max(int(np.searchsorted(np.cumsum(sizes) - sizes, max_bytes - w.data_bytes)), 1)
+            j = i + k
+            blob, flen, fl = self._frames(p, tid, i, j, r_loc, r_off, r_len, r_ts, hole)
+            entries = w.append_blob(blob, flen, r_ts[i:j], fl)
             seg = store.segs[-1]
             seg.count = w.count
             seg.data_bytes = w.data_bytes
-            seg.deleted += fls.count(0xD5)
+            seg.deleted += int(np.count_nonzero(hole[i:j]))
             locs[i:j] = seg.loc
             offs[i:j] = entries["offset"]
             lens[i:j] = entries["len"]
             report.records += j - i
-            report.bytes += size
+            report.bytes += len(blob)
             i = j
             if w.count >= max_events or w.data_bytes >= max_bytes:
                 w.flush()
@@ -592,6 +603,67 @@ class Checkpointer:
         if store.writer is not None:
             store.writer.flush()
         r.locs, r.offs, r.lens = locs, offs, lens
+
+    def _frames(
+        self,
+        p: _Plan,
+        tid: int,
+        i: int,
+        j: int,
+        r_loc: np.ndarray[Any, Any],
+        r_off: np.ndarray[Any, Any],
+        r_len: np.ndarray[Any, Any],
+        r_ts: np.ndarray[Any, Any],
+        hole: np.ndarray[Any, Any],
+    ) -> tuple[bytes, np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """Segment frames of rows `[i, j)`: (blob, frame lengths, `.idx` flags)."""
+        h = hole[i:j]
+        if not h.any():
+            return self._chunk_frames(p, i, j, r_loc, r_off, r_len)
+        cuts = [0, *(np.flatnonzero(h[1:] != h[:-1]) + 1).tolist(), j - i]
+        blobs: list[bytes] = []
+        flens: list[np.ndarray[Any, Any]] = []
+        flags: list[np.ndarray[Any, Any]] = []
+        for a, b in zip(cuts, cuts[1:], strict=False):
+            lo, hi = i + a, i + b
+            if h[a]:
+                # Holes (and records deleted before the marks): header-only frames.
+                for k in range(lo, hi):
+                    blobs.append(
+                        encode_segment_record(
+                            tid, p.first + k, int(r_ts[k]), None, None, b"", None, durable=False
+                        )
+                    )
+                flens.append(np.full(hi - lo, _HOLE_FRAME, np.uint32))
+                flags.append(np.full(hi - lo, 0xD5, np.uint8))
+                continue
+            blob, flen, fl = self._chunk_frames(p, lo, hi, r_loc, r_off, r_len)
+            blobs.append(blob)
+            flens.append(flen)
+            flags.append(fl)
+        return b"".join(blobs), np.concatenate(flens), np.concatenate(flags)
+
+    def _chunk_frames(
+        self,
+        p: _Plan,
+        lo: int,
+        hi: int,
+        r_loc: np.ndarray[Any, Any],
+        r_off: np.ndarray[Any, Any],
+        r_len: np.ndarray[Any, Any],
+    ) -> tuple[bytes, np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """Segment frames of rows `[lo, hi)`, none of them a hole."""
+        loc = r_loc[lo:hi]
+        keys, which = np.unique(loc, return_inverse=True)
+        bufs = [p.chunks[int(k)] for k in keys.tolist()]
+        o, ln = r_off[lo:hi], r_len[lo:hi]
+        sizes = np.array([len(b) for b in bufs], np.int64)[which]
+        if np.any(ln < 46) or np.any(o + ln > sizes):
+            raise CheckpointFailed(f"topic {p.topic.name}: in-memory frames out of place")
+        blob, flen, fl, seqs = segment_blob(bufs, which, o, ln)
+        if np.any(seqs != np.arange(p.first + lo, p.first + hi, dtype=np.uint64)):
+            raise CheckpointFailed(f"topic {p.topic.name}: in-memory frame of another seq")
+        return blob, flen, fl
 
     def _prune(self, n: int) -> int:
         """Delete WAL files no retained snapshot (the fallback included) still needs."""
@@ -693,21 +765,3 @@ def _ranges(seqs: list[int]) -> list[list[int]]:
 def expand_ranges(runs: list[list[int]]) -> list[int]:
     """The seqs of :func:`_ranges` runs."""
     return [s for first, count in runs for s in range(int(first), int(first) + int(count))]
-
-
-def _segment_frame(buf: bytes, o: int, ln: int, seq: int) -> tuple[bytes, int]:
-    """The segment frame of the WAL Append frame at `buf[o:o+ln]`, and its flags byte.
-
-    The WAL frame is checked first (length, seq, checksum): a damaged frame is
-    never re-checksummed into a valid one. Raises CheckpointFailed.
-    """
-    end = o + ln - 8
-    if (
-        ln < 46
-        or _U32.unpack_from(buf, o)[0] != ln - 4
-        or _U64.unpack_from(buf, o + _WAL_SEQ)[0] != seq
-        or xxhash.xxh3_64_intdigest(memoryview(buf)[o + 4 : end]) != _U64.unpack_from(buf, end)[0]
-    ):
-        raise CheckpointFailed(f"in-memory frame of seq {seq} does not verify")
-    body = _U32.pack(ln - 5) + buf[o + 5 : end]
-    return body + _U64.pack(xxhash.xxh3_64_intdigest(memoryview(body)[4:])), buf[o + 5]
