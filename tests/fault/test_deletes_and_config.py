@@ -103,17 +103,13 @@ def test_delete_is_applied_only_up_to_its_bound_on_replay() -> None:
         h.close()
 
 
-# ---------------------------------------------------------------- known gaps
+# ---------------------------------------------------------------- WAL-first
 
 
-@pytest.mark.xfail(
-    reason="BUG: Engine.delete_records applies and answers before its Delete frame is "
-    "durable (SEMANTICS §8 step 1 / §18: fsync-class deletes are fsynced before the "
-    "response, and nothing is applied if the commit fails)",
-    strict=True,
-)
 @pytest.mark.parametrize("how", ["crash_in_flight", "fsync_eio"])
-def test_acknowledged_delete_never_comes_back(how: str) -> None:
+def test_delete_is_applied_only_once_its_frame_commits(how: str) -> None:
+    """SEMANTICS §19.12: a delete whose Delete frame is not committed is not applied,
+    neither while it is in flight nor after it failed, nor after a restart."""
     disk = FakeDisk()
     gate = GateFs(disk, "none")
     fault = FaultFs(gate)
@@ -125,36 +121,69 @@ def test_acknowledged_delete_never_comes_back(how: str) -> None:
             gate.arm("fdatasync", 1)
         else:
             fault.fail("fdatasync", 1, "EIO")
-        res = h.eng().delete_records("t", {"before_seq": 3})  # what the 200 response carries
-        assert res["deleted"] == 2
+        op = h.eng().begin_delete("t", {"before_seq": 3})
         if how == "crash_in_flight":
             assert gate.reached.wait(5)
+            assert not op.done and _live_seqs(h, "t") == [1, 2, 3], "applied before commit"
             disk.crash()
             gate.release()
+        else:
+            h.settle()
+            assert op.done and not op.ok
+            with pytest.raises(TopicsError) as ei:
+                h.eng().delete_result(op)  # the response: 500, nothing deleted
+            assert ei.value.status == 500
+            assert _live_seqs(h, "t") == [1, 2, 3], "a failed delete was applied"
         h.crash_and_recover(fs=disk)
+        assert _live_seqs(h, "t") == [1, 2, 3]
+        h.close()
+
+
+def test_committed_delete_never_comes_back() -> None:
+    disk = FakeDisk()
+    with Durable(disk, shards=1) as h:
+        h.open()
+        assert h.put_topic("t", {"durability": "fsync"})
+        assert h.write("t", _tagged("a", 3)).ok
+        res, ok = h.delete_records("t", {"before_seq": 3})  # what the 200 response carries
+        assert ok and res["deleted"] == 2 and _live_seqs(h, "t") == [3]
+        h.crash_and_recover()
         assert _live_seqs(h, "t") == [3], "an acknowledged delete was undone"
+        h.checkpoint()
+        h.crash_and_recover()
+        assert _live_seqs(h, "t") == [3]
+        h.close()
+
+
+def test_acknowledged_create_survives_power_loss() -> None:
+    """The 201 is sent after the TopicCreate frame committed (the request barrier)."""
+    disk = FakeDisk()
+    with Durable(disk, shards=1) as h:
+        h.open()
+        t, created = h.eng().put_topic("t", {"durability": "fsync"})
+        assert created and h.settle()  # what the HTTP barrier waits for before the 201
+        h.crash_and_recover()
+        assert "t" in h.eng().topics, "an acknowledged create was lost"
         h.close()
 
 
 @pytest.mark.xfail(
-    reason="BUG: Engine.put_topic answers before the TopicCreate frame is durable "
-    "(SEMANTICS §18: a crash cannot lose an acknowledged create)",
+    reason="GAP: topic create / config / topic delete are applied in memory before "
+    "their frame commits; the response waits for the commit (500 on failure) and a "
+    "restart forgets a failed one, but until then the change is visible (SEMANTICS "
+    "§19.12 asks for WAL-first; record deletes and queue acks are WAL-first)",
     strict=True,
 )
-def test_acknowledged_create_survives_power_loss() -> None:
+def test_failed_create_is_not_visible() -> None:
     disk = FakeDisk()
-    gate = GateFs(disk, "none")
-    with Durable(gate, shards=1) as h:
+    fault = FaultFs(disk)
+    with Durable(fault, shards=1) as h:
         h.open()
-        gate.arm("fdatasync", 1)
-        t, created = h.eng().put_topic("t", {"durability": "fsync"})  # the 201 response
-        assert created
-        assert gate.reached.wait(5)
-        disk.crash()
-        gate.release()
-        h.crash_and_recover(fs=disk)
-        assert "t" in h.eng().topics, "an acknowledged create was lost"
-        h.close()
+        fault.fail("fdatasync", 1, "EIO")
+        h.eng().put_topic("t", {"durability": "fsync"})
+        h.settle()
+        assert "t" not in h.eng().topics
+        h.shutdown()
 
 
 def test_router_dest_survives_restart_unchanged() -> None:

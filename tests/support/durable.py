@@ -599,8 +599,9 @@ class Durable:
         only when the Delete frame was committed.
         """
         before = {r["$seq"] for r in self.read_all(topic) or []}
-        res = self.eng().delete_records(topic, dict(body))
-        ok = self.settle()
+        op = self.eng().begin_delete(topic, dict(body))
+        ok = self.settle() and op.done and op.ok
+        res = self.eng().delete_result(op) if ok else {"deleted": 0}
         after = {r["$seq"] for r in self.read_all(topic) or []}
         if ok:
             self.history.deleted |= {(topic, s) for s in before - after}

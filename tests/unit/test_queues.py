@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -755,10 +756,11 @@ class LeaseJournal(MemoryJournal):
     ) -> None:
         self.events.append((t.name, kind, seq, node, lease_id, deadline, d))
 
-    def seqs_deleted(self, t: Topic, seqs: list[int]) -> None:
+    def seqs_deleted(self, t: Topic, seqs: list[int], on_commit: Callable[[bool], None]) -> None:
         if self.fail_deletes:
             raise OSError("disk on fire")
         self.deleted.append((t.name, list(seqs)))
+        on_commit(True)
 
 
 def test_lease_events_logged_when_durable() -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -45,7 +45,15 @@ if TYPE_CHECKING:
     from topics.engine.routers import RouterSet
     from topics.storage.fs import Fs
 
-__all__ = ["Engine", "WriteRequest", "DiffParams", "Replay", "encode_cursor", "decode_cursor"]
+__all__ = [
+    "Engine",
+    "WriteRequest",
+    "DiffParams",
+    "Replay",
+    "PendingDelete",
+    "encode_cursor",
+    "decode_cursor",
+]
 
 DEFAULT_LIMIT = 256
 DEFAULT_BUDGET = 1_048_576
@@ -90,6 +98,23 @@ class WriteRequest:
     create: bool | None
     config: Any
     has_config: bool
+
+
+@dataclass(slots=True, eq=False)
+class PendingDelete:
+    """A logged record delete waiting for its frame to commit (then applied)."""
+
+    topic: Topic
+    done: bool = False
+    ok: bool = False
+    deleted: int = 0
+    waiters: list[Callable[[], None]] = field(default_factory=list)
+
+    def finish(self) -> None:
+        self.done = True
+        for cb in self.waiters:
+            cb()
+        self.waiters.clear()
 
 
 @dataclass(frozen=True, slots=True)
@@ -574,8 +599,14 @@ class Engine:
 
     # ----------------------------------------------------------- record delete
 
-    def delete_records(self, name: str, body: Any) -> dict[str, Any]:
-        """`POST /v0/topics/:t/delete` (API §6, SEMANTICS §8): permanent, silent, point-in-time."""
+    def begin_delete(self, name: str, body: Any) -> PendingDelete:
+        """Start `POST /v0/topics/:t/delete` (API §6, SEMANTICS §8): permanent, silent, point-in-time.
+
+        Validates, fixes the point-in-time bound (head + 1 now) and logs the Delete
+        frame; the delete is applied when the frame commits (WAL-first, SEMANTICS
+        §19.12), at once with a journal that commits synchronously. Raises 400
+        (body), 404 (topic), or the journal's refusal (429/500); nothing changes then.
+        """
         if not isinstance(body, dict):
             raise bad_request("delete body must be a JSON object")
         before = opt_u64(body, "before_seq")
@@ -586,16 +617,41 @@ class Engine:
         self.drain_into(t)
         t.apply_retention(self.clock.now_ms())
         bound = t.head_seq + 1
-        self.journal.records_deleted(t, before, pred, bound)
-        deleted = self.apply_delete(t, before, pred, bound)
+        op = PendingDelete(t)
+
+        def on_commit(ok: bool) -> None:
+            op.ok = ok
+            if ok and t.alive and self.topics.get(t.name) is t:
+                op.deleted = self.apply_delete(t, before, pred, bound)
+            op.finish()
+
+        self.journal.records_deleted(t, before, pred, bound, on_commit)
+        return op
+
+    def delete_result(self, op: PendingDelete) -> dict[str, Any]:
+        """The response body of a committed delete; `500 internal` when its frame failed."""
+        if not op.ok:
+            raise TopicsError(500, "internal", "the delete could not be written to the log")
+        t = op.topic
         return {
             "topic": t.name,
-            "deleted": deleted,
+            "deleted": op.deleted,
             "earliest_seq": t.earliest_seq,
             "head_seq": t.head_seq,
             "count": t.live_count,
             "bytes": t.live_bytes,
         }
+
+    def delete_records(self, name: str, body: Any) -> dict[str, Any]:
+        """:meth:`begin_delete` then :meth:`delete_result`, for journals that commit at once.
+
+        Raises RuntimeError when the delete is still committing (use begin_delete
+        and wait for it).
+        """
+        op = self.begin_delete(name, body)
+        if not op.done:
+            raise RuntimeError("the delete is still committing; use begin_delete")
+        return self.delete_result(op)
 
     def apply_delete(self, t: Topic, before: int | None, pred: Predicate | None, bound: int) -> int:
         """Apply a (logged) record delete with its point-in-time `bound` (SEMANTICS §8).

@@ -9,6 +9,7 @@ protocol and completes writes from its writer threads through the event loop.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -34,11 +35,23 @@ class Journal(Protocol):
     def topic_deleted(self, t: Topic) -> None: ...
 
     def records_deleted(
-        self, t: Topic, before_seq: int | None, pred: Predicate | None, bound: int
-    ) -> None: ...
+        self,
+        t: Topic,
+        before_seq: int | None,
+        pred: Predicate | None,
+        bound: int,
+        on_commit: Callable[[bool], None],
+    ) -> None:
+        """Log a record delete; `on_commit(ok)` runs on the loop once it is committed.
 
-    def seqs_deleted(self, t: Topic, seqs: list[int]) -> None:
-        """An explicit-seq delete (queue acks, dead-letter moves)."""
+        The engine applies the delete only in `on_commit(True)` (WAL-first,
+        SEMANTICS §19.12). Raises TopicsError when the log refuses it (nothing
+        is called then).
+        """
+        ...
+
+    def seqs_deleted(self, t: Topic, seqs: list[int], on_commit: Callable[[bool], None]) -> None:
+        """An explicit-seq delete (queue acks, dead-letter moves); as :meth:`records_deleted`."""
         ...
 
     def router_put(self, r: Router) -> None:
@@ -81,12 +94,17 @@ class MemoryJournal:
         pass
 
     def records_deleted(
-        self, t: Topic, before_seq: int | None, pred: Predicate | None, bound: int
+        self,
+        t: Topic,
+        before_seq: int | None,
+        pred: Predicate | None,
+        bound: int,
+        on_commit: Callable[[bool], None],
     ) -> None:
-        pass
+        on_commit(True)
 
-    def seqs_deleted(self, t: Topic, seqs: list[int]) -> None:
-        pass
+    def seqs_deleted(self, t: Topic, seqs: list[int], on_commit: Callable[[bool], None]) -> None:
+        on_commit(True)
 
     def router_put(self, r: Router) -> None:
         pass

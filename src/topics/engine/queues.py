@@ -469,21 +469,36 @@ class Queues:
         except Exception:  # the leases log is best effort (§15.1)
             pass
 
-    def _log_delete(self, t: Topic, seqs: list[int]) -> None:
-        """Log an explicit-seq record delete if the journal supports it (may raise)."""
-        hook = getattr(self.engine.journal, "seqs_deleted", None)
-        if hook is not None and seqs:
-            hook(t, seqs)
-
     def _delete_jobs(self, t: Topic, seqs: list[int]) -> None:
-        """Permanently delete jobs: fsync class logs first (raising), others after."""
+        """Permanently delete jobs (SEMANTICS §15.6).
+
+        `fsync` class: WAL-first, the jobs go when the fsynced Delete frame commits;
+        the journal's refusal is raised (nothing deleted) and the request's barrier
+        turns a failed commit into `500`. Other classes: deleted now, logged best
+        effort (a refusal is ignored).
+        """
+        if not seqs:
+            return
+        eng = self.engine
         if t.config.durability == "fsync":
-            self._log_delete(t, seqs)
-            t.delete_seqs(seqs)
+
+            def on_commit(ok: bool) -> None:
+                if not (t.alive and eng.topics.get(t.name) is t):
+                    return
+                if ok:
+                    t.delete_seqs(seqs)
+                    return
+                # Not deleted: the jobs become claimable again (§15.6 "on failure").
+                q = self.state(t)
+                for s in seqs:
+                    q.push_reclaim(s)
+                t.notify()
+
+            eng.journal.seqs_deleted(t, seqs, on_commit)
             return
         t.delete_seqs(seqs)
         try:
-            self._log_delete(t, seqs)
+            eng.journal.seqs_deleted(t, seqs, lambda ok: None)
         except Exception:  # best-effort log for non-fsync classes
             pass
 
@@ -707,6 +722,12 @@ class Queues:
             "ready": c["ready"],
             "in_flight": c["in_flight"],
         }
+
+    def counters_now(self, name: str) -> dict[str, int]:
+        """`ready` / `in_flight` of queue `name` now (after an ack's delete committed)."""
+        t = self.check_queue(name)
+        c = self.state(t).counters(t, self.engine.clock.now_ms())
+        return {"ready": c["ready"], "in_flight": c["in_flight"]}
 
     def nack(self, name: str, body: Any) -> dict[str, Any]:
         """`POST /v0/topics/:q/nack` body without `performance` (API §10.4)."""

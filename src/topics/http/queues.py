@@ -120,7 +120,15 @@ async def claim(ctx: Ctx) -> Resp:
 
 
 async def ack(ctx: Ctx) -> Resp:
-    body = ctx.app.queues.ack(ctx.params["topic"], ctx.body)
+    name = ctx.params["topic"]
+    body = ctx.app.queues.ack(name, ctx.body)
+    journal = ctx.engine.journal
+    pending = getattr(journal, "has_pending_controls", None)
+    if body.get("acked") and pending is not None and pending():
+        # An fsync-class ack deletes its jobs when the Delete frame commits: wait
+        # for it (500 if it failed), then report the counters after the delete.
+        await journal.barrier()
+        body.update(ctx.app.queues.counters_now(name))
     extra: dict[str, Any] = {}
     fs = body.pop("_fsync_ms", 0.0) if isinstance(body, dict) else 0.0
     if fs:

@@ -166,5 +166,9 @@ async def diff(ctx: Ctx) -> Resp:
 
 
 async def delete_records(ctx: Ctx) -> Resp:
-    body = ctx.engine.delete_records(ctx.params["topic"], ctx.body)
-    return json_resp(200, body, ctx.t0)
+    op = ctx.engine.begin_delete(ctx.params["topic"], ctx.body)
+    if not op.done:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        op.waiters.append(lambda: fut.done() or fut.set_result(None))
+        await fut
+    return json_resp(200, ctx.engine.delete_result(op), ctx.t0)

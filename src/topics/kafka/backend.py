@@ -320,7 +320,7 @@ class KafkaBackend:
         if self.engine.get(name) is None:
             return
         try:
-            self.engine.delete_records(name, {"before_seq": seq})
+            self.engine.begin_delete(name, {"before_seq": seq})
         except TopicsError as exc:
             raise _wrap(exc) from None
         await self._barrier()

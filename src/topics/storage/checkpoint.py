@@ -309,7 +309,10 @@ class Checkpointer:
         if any(e is None for e in entries):
             self._give_back(flips)
             raise CheckpointFailed("a checkpoint mark could not be made durable")
-        # 2. Capture: snapshot body and the records not yet in a segment.
+        # 2. Capture: snapshot body and the records not yet in a segment. Changes
+        # already applied in memory whose control frame is still in flight are
+        # captured too: the snapshot is written only if every one of them commits.
+        inflight = list(journal.inflight_controls)
         meta = capture_meta(
             eng, journal.reserved, journal.router_ops, journal.topic_ids, exact_heads=final
         )
@@ -328,7 +331,10 @@ class Checkpointer:
         ]
         # Stores for topics that have none yet are made here, on the loop.
         report = CheckpointReport(topics=len(plans))
-        results, snap_error = await asyncio.to_thread(self._files, plans, gone, meta, report)
+        committed = all(await asyncio.gather(*inflight)) if inflight else True
+        results, snap_error = await asyncio.to_thread(
+            self._files, plans, gone, meta, report, committed
+        )
         # 4. Re-point.
         failed = self._apply(results, report, snapshot_ok=snap_error is None)
         self._last_bytes = journal.bytes_written()
@@ -416,8 +422,13 @@ class Checkpointer:
         gone: list[int],
         meta: dict[str, Any],
         report: CheckpointReport,
+        committed: bool,
     ) -> tuple[list[_Result], BaseException | None]:
-        """Step 3; returns the per-topic results and the snapshot error (None: written)."""
+        """Step 3; returns the per-topic results and the snapshot error (None: written).
+
+        With `committed` False (a control frame captured in flight failed) the
+        segments are still written (the WAL keeps what they hold) but no snapshot.
+        """
         fs = self.fs
         results: list[_Result] = []
         now = int(meta["taken_ms"])
@@ -434,6 +445,8 @@ class Checkpointer:
             results.append(r)
         if not ok:
             return results, CheckpointFailed("a topic's segments could not be written")
+        if not committed:
+            return results, CheckpointFailed("a change captured in flight was not logged")
         for tid in gone:
             st = self.stores.pop(tid, None)
             if st is not None and st.writer is not None:

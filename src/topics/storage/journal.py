@@ -100,6 +100,8 @@ class WalJournal:
         self._flush_scheduled = False
         self._prereserving: set[int] = set()
         self._pending_controls: list[asyncio.Future[bool]] = []
+        # Every control frame not completed yet (a checkpoint's capture waits for them).
+        self.inflight_controls: set[asyncio.Future[bool]] = set()
         # The live topics, for the exact-head markers of a clean close (set by the owner).
         self.topics: Callable[[], Iterable[Topic]] = lambda: ()
         # name -> live topic id, for router frames (set by whoever owns the engine).
@@ -134,6 +136,7 @@ class WalJournal:
         seq: int = 0,
         ts: int = 0,
         done: Callable[[WalEntry, bool, float], None] | None = None,
+        on_commit: Callable[[bool], None] | None = None,
     ) -> None:
         data = encode_control(typ, topic_id, body, seq=seq, ts=ts, durable=sync)
         if done is None:
@@ -144,9 +147,14 @@ class WalJournal:
             def done(e: WalEntry, ok: bool, fsync_ms: float) -> None:
                 if not ok:
                     _log_failure(e, ok, fsync_ms)
-                loop.call_soon_threadsafe(_settle, fut, ok)
+                # `on_commit` runs in the same loop callback that settles the future,
+                # so completions keep the shard's log order (a checkpoint mark after
+                # this frame resolves only once its effect is applied).
+                loop.call_soon_threadsafe(_settle, fut, ok, on_commit)
 
             self._pending_controls.append(fut)
+            self.inflight_controls.add(fut)
+            fut.add_done_callback(self.inflight_controls.discard)
         self._submit(shard, WalEntry(data, 1, sync, done))
 
     def _topic_control(self, t: Topic, typ: int, body: dict[str, Any], **kw: Any) -> None:
@@ -313,9 +321,15 @@ class WalJournal:
         self._topic_control(t, TOPIC_DELETE, {"name": t.name})
 
     def records_deleted(
-        self, t: Topic, before_seq: int | None, pred: Predicate | None, bound: int
+        self,
+        t: Topic,
+        before_seq: int | None,
+        pred: Predicate | None,
+        bound: int,
+        on_commit: Callable[[bool], None],
     ) -> None:
         if t.config.durability == "ephemeral":
+            on_commit(True)
             return
         body = {
             "bound": bound,
@@ -323,13 +337,18 @@ class WalJournal:
             "match": list(pred) if pred is not None else None,
             "seqs": None,
         }
-        self._topic_control(t, DELETE, body, sync=t.config.durability == "fsync")
+        self._topic_control(
+            t, DELETE, body, sync=t.config.durability == "fsync", on_commit=on_commit
+        )
 
-    def seqs_deleted(self, t: Topic, seqs: list[int]) -> None:
+    def seqs_deleted(self, t: Topic, seqs: list[int], on_commit: Callable[[bool], None]) -> None:
         if t.config.durability == "ephemeral" or not seqs:
+            on_commit(True)
             return
         body = {"bound": t.head_seq + 1, "before_seq": None, "match": None, "seqs": list(seqs)}
-        self._topic_control(t, DELETE, body, sync=t.config.durability == "fsync")
+        self._topic_control(
+            t, DELETE, body, sync=t.config.durability == "fsync", on_commit=on_commit
+        )
 
     def evict_watermark(self, t: Topic) -> None:
         if t.config.durability in ("ephemeral", "memory"):
@@ -499,7 +518,14 @@ def _count_frames(data: bytes) -> int:
     return n
 
 
-def _settle(fut: asyncio.Future[bool], ok: bool) -> None:
+def _settle(
+    fut: asyncio.Future[bool], ok: bool, on_commit: Callable[[bool], None] | None = None
+) -> None:
+    if on_commit is not None:
+        try:
+            on_commit(ok)
+        except Exception:  # pragma: no cover - an engine bug must not wedge the barrier
+            log.exception("applying a committed control frame failed")
     if not fut.done():
         fut.set_result(ok)
 
