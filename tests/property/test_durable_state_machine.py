@@ -3,10 +3,12 @@
 The Python counterpart of ``f_prop_opseq_crash_recover``
 (``/work/shared/notes/reliability-anchors.md`` §5, last paragraph). A Hypothesis
 ``RuleBasedStateMachine`` drives a :class:`~tests.support.durable.Durable`
-(the real Engine + WalJournal + recovery on an in-process
+(the real Engine + WalJournal + checkpointer + recovery on an in-process
 :class:`~tests.support.fakedisk.FakeDisk`) through writes, ``before_seq`` and
-tag deletes, clean restarts and power losses (``crash_and_recover`` with a
-drawn mode, damage and seed) and diffs it against a tiny model after every step:
+tag deletes, checkpoints (records into segments, snapshots, WAL pruning), clean
+restarts and power losses (``crash_and_recover`` with a drawn mode, damage and
+seed, also part way through a checkpoint) and diffs it against a tiny model after
+every step:
 
 * ``fsync`` topics: the live records (seq, data) equal the model exactly, always,
   in particular after a restart and after any power loss (acked ⇒ durable,
@@ -19,9 +21,8 @@ drawn mode, damage and seed) and diffs it against a tiny model after every step:
 * the set oracle :func:`~tests.support.durable.check_oracle` holds after every
   recovery.
 
-The engine currently applies a delete before its Delete frame is durable (a
-known bug pinned elsewhere), so every delete is followed by
-``settle(sync=True)``: only deletes whose frame is durable count as acknowledged.
+A delete counts as acknowledged once its Delete frame committed (it is applied
+only then); a sync barrier follows, so a ``disk``-class delete is durable too.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ from hypothesis.stateful import (
 
 from tests.support.durable import Durable, check_oracle, data_of
 from tests.support.fakedisk import FakeDisk
+from topics.errors import TopicsError
+from topics.storage.checkpoint import CheckpointFailed
 
 FSYNC_TOPICS = ("f1", "f2")
 DISK_TOPIC = "d1"
@@ -81,7 +84,13 @@ class DurableCrashMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.disk = FakeDisk()
-        self.h = Durable(self.disk, shards=2, file_bytes=FILE_BYTES, sync_interval_s=NO_BG_SYNC)
+        self.h = Durable(
+            self.disk,
+            shards=2,
+            file_bytes=FILE_BYTES,
+            sync_interval_s=NO_BG_SYNC,
+            segment_max_events=8,
+        )
         self.topics: tuple[str, ...] = ()
         self.model: dict[str, list[Rec]] = {}
         self.heads: dict[str, int] = {}
@@ -199,12 +208,37 @@ class DurableCrashMachine(RuleBasedStateMachine):
             self._check_exact(t, f"after clean restart #{self.gen}")
         self._check_oracle(f"restart #{self.gen}")
 
+    @rule()
+    def checkpoint(self) -> None:
+        rep = self.h.checkpoint()
+        event(f"checkpoint wrote {'some' if rep.records else 'no'} records")
+        for t in self.topics:
+            self._check_exact(t, f"after checkpoint (generation {self.gen})")
+
+    @rule(
+        crash=crash_st,
+        seed=st.integers(min_value=0, max_value=2**16),
+        after=st.integers(min_value=0, max_value=60),
+    )
+    def crash_during_checkpoint(self, crash: tuple[str, str | None], seed: int, after: int) -> None:
+        """Power loss `after` fs ops into a checkpoint (or after it, if it is shorter)."""
+        mode, damage = crash
+        self.disk.crash_after(after, mode, damage, seed)  # type: ignore[arg-type]
+        try:
+            self.h.checkpoint()
+        except (CheckpointFailed, OSError, TopicsError):
+            event("checkpoint cut by a power loss")
+        self._recover_after_crash(mode, damage, seed, "in a checkpoint")
+
     @rule(crash=crash_st, seed=st.integers(min_value=0, max_value=2**16))
     def crash_and_recover(self, crash: tuple[str, str | None], seed: int) -> None:
         mode, damage = crash
+        self._recover_after_crash(mode, damage, seed, "")
+
+    def _recover_after_crash(self, mode: str, damage: str | None, seed: int, where: str) -> None:
         self.h.crash_and_recover(mode=mode, damage=damage, seed=seed)
         self.gen += 1
-        ctx = f"after crash #{self.gen} ({mode}, {damage}, seed={seed})"
+        ctx = f"after crash #{self.gen} {where} ({mode}, {damage}, seed={seed})"
         event(f"crash {mode} {damage or ''}".strip())
         for t in self.topics:
             if t == DISK_TOPIC:
