@@ -69,6 +69,7 @@ async def _serve(cfg: ServerConfig) -> int:
             interval_ms=cfg.checkpoint_interval_ms,
             wal_bytes=cfg.checkpoint_wal_bytes,
         ),
+        cold_dir=cfg.cold_dir,
     )
     try:
         storage = await Storage.open(engine, fs, storage_cfg, progress=on_progress)

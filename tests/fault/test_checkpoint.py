@@ -230,6 +230,50 @@ def test_shard_count_change_after_a_crash_keeps_config_order() -> None:
         h.close()
 
 
+def test_cold_tier_segments_are_read_resolved_hot_first_and_dropped() -> None:
+    """The TopicTier seam on the real path: a sealed segment moved to the cold dir (as the
+    relocator will) is loaded and read from there; a copy in both tiers reads HOT; whole-
+    segment drops go through the tier that holds it."""
+    disk = FakeDisk()
+    cold = "/cold"
+    with Durable(disk, segment_max_events=5, cold_dir=cold) as h:
+        h.open()
+        assert h.put_topic("a", {"durability": "fsync"})
+        assert h.write("a", make_records("a", 17)).ok
+        h.checkpoint()
+        live = h.fingerprint()
+        tid = h.eng().require("a").topic_id
+        hot_d, cold_d = topic_dir(DATA_DIR, tid), topic_dir(cold, tid)
+        disk.makedirs(cold_d)
+        snap = disk.snapshot_live()
+        for first in (1, 6):  # seg 1 moves to cold; seg 6 is copied (in both tiers)
+            for ext in ("data", "idx"):
+                name = f"seg-{first:016d}.{ext}"
+                f = disk.open(posixpath.join(cold_d, name), create=True, write=True)
+                f.pwrite(snap[posixpath.join(hot_d, name)], 0)
+                f.fdatasync()
+                f.close()
+                if first == 1:
+                    disk.unlink(posixpath.join(hot_d, name))
+        disk.fsync_dir(cold_d)
+        disk.fsync_dir(hot_d)
+        h.restart()
+        assert not fingerprint_equal(h.fingerprint(), live)
+        st = h.storage.checkpointer.stores[tid] if h.storage else None
+        assert st is not None
+        tiers = {s.first_seq: s.tier.value for s in st.segs}
+        assert tiers[1] == "cold" and tiers[6] == "hot" and tiers[11] == "hot"
+        cat = load_catalog(DATA_DIR, cold, fs=disk)
+        assert [(s.first_seq, s.tier) for s in cat["a"].segments][:2] == [(1, "cold"), (6, "hot")]
+        # Evict below 12: segments 1 (cold) and 6 go through their tier's store.
+        assert h.put_topic("a", {"durability": "fsync", "cap_records": 6})
+        h.checkpoint()
+        h.checkpoint()
+        assert not disk.exists(posixpath.join(cold_d, f"seg-{1:016d}.data"))
+        assert not disk.exists(posixpath.join(hot_d, f"seg-{6:016d}.data"))
+        h.close()
+
+
 def test_catalog_lists_topics_floors_and_segments() -> None:
     disk = FakeDisk()
     with Durable(disk, segment_max_events=10) as h:

@@ -239,6 +239,7 @@ class Durable:
         clock: TestClock | None = None,
         history: History | None = None,
         segment_max_events: int = 64,
+        cold_dir: str | None = None,
     ) -> None:
         disk = _find_disk(fs)
         if disk is None:
@@ -255,6 +256,7 @@ class Durable:
         }
         self.timeout_s = timeout_s
         self.checkpoint_cfg = CheckpointConfig(segment_max_events=segment_max_events)
+        self.cold_dir = cold_dir
         self.storage: Storage | None = None
         self.clock = clock or TestClock()
         self.history = history or History()
@@ -287,7 +289,9 @@ class Durable:
         engine = Engine(clock=self.clock, fs=self.fs)
         RouterSet(engine)
         Queues(engine)
-        cfg = StorageConfig(self.data_dir, self.n_shards, self.checkpoint_cfg, self.shard_kw)
+        cfg = StorageConfig(
+            self.data_dir, self.n_shards, self.checkpoint_cfg, self.shard_kw, self.cold_dir
+        )
         try:
             # As `topics serve`: files are read in a worker thread, the replay runs
             # on the loop, then the WAL journal and the checkpointer are installed.

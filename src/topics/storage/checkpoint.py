@@ -48,7 +48,8 @@ from topics.errors import TopicsError
 from topics.storage.frame import encode_segment_record
 from topics.storage.fs import Fs
 from topics.storage.meta import capture_meta
-from topics.storage.segment import SegmentWriter, segment_blob, segment_paths
+from topics.storage.segment import SegmentWriter, segment_blob
+from topics.storage.segstore import SegmentPart
 from topics.storage.snapshot import (
     decode_snapshot,
     list_snapshots,
@@ -152,6 +153,7 @@ class Checkpointer:
         *,
         stores: dict[int, TopicStore] | None = None,
         absorbed: dict[str, WalPosition] | None = None,
+        cold_dir: str | None = None,
     ) -> None:
         self.engine = engine
         self.journal = journal
@@ -159,6 +161,7 @@ class Checkpointer:
         self.data_dir = data_dir
         self.meta_dir = posixpath.join(data_dir, "meta")
         self.cfg = config or CheckpointConfig()
+        self.cold_dir = cold_dir
         self.stores: dict[int, TopicStore] = dict(stores or {})
         self.absorbed: dict[str, WalPosition] = dict(absorbed or {})
         self._lock = asyncio.Lock()
@@ -385,9 +388,7 @@ class Checkpointer:
         if not writes and not fl and store is None:
             return None
         if store is None:
-            from topics.storage.segment import topic_dir
-
-            store = self.stores[tid] = TopicStore(tid, topic_dir(self.data_dir, tid))
+            store = self.stores[tid] = TopicStore.create(self.fs, self.data_dir, tid, self.cold_dir)
         rows = np.zeros(0, dtype=t.index.view().dtype)
         chunks: dict[int, bytes] = {}
         if writes:
@@ -453,6 +454,8 @@ class Checkpointer:
                 st.writer.close()
             try:
                 remove_topic_dir(fs, self.data_dir, tid)
+                if self.cold_dir:
+                    remove_topic_dir(fs, self.cold_dir, tid)
             except OSError as exc:
                 log.warning("cannot remove the files of deleted topic %016x: %s", tid, exc)
         try:
@@ -486,7 +489,7 @@ class Checkpointer:
         for first, seqs in by_seg.items():
             seg = store.seg_for(first)
             assert seg is not None
-            flip_deleted(self.fs, segment_paths(store.dir, first).idx, first, seqs)
+            flip_deleted(self.fs, store.part_path(seg, SegmentPart.IDX), first, seqs)
             seg.deleted += len(set(seqs))
             report.flips += len(seqs)
 
@@ -516,8 +519,7 @@ class Checkpointer:
         if w.count == 0:
             # An empty active segment is never sealed: it goes.
             w.close()
-            for path in segment_paths(store.dir, seg.first_seq):
-                self.fs.unlink(path)
+            store.drop(seg)
             store.segs.pop()
             r.dropped.append(seg.loc)
             return
@@ -537,7 +539,6 @@ class Checkpointer:
     def _topic_files(self, p: _Plan, r: _Result, now: int, report: CheckpointReport) -> None:
         cfg = self.cfg
         store = p.store
-        fs = self.fs
         if store.segs and not store.segs[-1].sealed:
             self._ensure_writer(store, p.first if len(p.rows) else store.segs[-1].last_seq + 1)
         # Age trigger.
@@ -551,19 +552,14 @@ class Checkpointer:
             self._seal(store, r, report)
         # Whole segments below the live floor, or fully deleted (never the active one).
         keep: list[SegMeta] = []
-        dropped_dir = False
         for seg in store.segs:
             if seg.sealed and (seg.last_seq < p.drop_below or seg.deleted >= seg.count):
-                for path in segment_paths(store.dir, seg.first_seq):
-                    fs.unlink(path)
+                store.drop(seg)  # through its tier's SegmentStore (idempotent)
                 r.dropped.append(seg.loc)
                 report.dropped += 1
-                dropped_dir = True
             else:
                 keep.append(seg)
         store.segs = keep
-        if dropped_dir:
-            fs.fsync_dir(store.dir)
         # New records.
         n = len(p.rows)
         if not n:

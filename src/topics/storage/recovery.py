@@ -140,7 +140,9 @@ def _topic_ids(fs: Fs, data_dir: str) -> list[int]:
     return sorted(out)
 
 
-def load_data_dir(fs: Fs, data_dir: str, n_shards: int, **shard_kw: Any) -> Loaded:
+def load_data_dir(
+    fs: Fs, data_dir: str, n_shards: int, cold_dir: str | None = None, **shard_kw: Any
+) -> Loaded:
     """Step 1: snapshot, shards (opened from their snapshot positions), segments.
 
     Pure I/O, no engine state: safe in a worker thread. Raises OSError (a shard
@@ -168,7 +170,8 @@ def load_data_dir(fs: Fs, data_dir: str, n_shards: int, **shard_kw: Any) -> Load
             if d not in layout:
                 scans.append(scan_shard(fs, d, positions.get(posixpath.normpath(d))))
                 leftovers.append(d)
-        topics = {tid: load_topic(fs, data_dir, tid) for tid in _topic_ids(fs, data_dir)}
+        ids = set(_topic_ids(fs, data_dir)) | (set(_topic_ids(fs, cold_dir)) if cold_dir else set())
+        topics = {tid: load_topic(fs, data_dir, tid, cold_dir) for tid in sorted(ids)}
     except BaseException:
         for sh in shards:
             sh.close()
@@ -183,6 +186,7 @@ def recover(
     n_shards: int,
     *,
     progress: Callable[[float], None] | None = None,
+    cold_dir: str | None = None,
     **shard_kw: Any,
 ) -> tuple[list[WalShard], RecoveryReport]:
     """Rebuild `engine` (fresh, in-memory journal) from `data_dir`; return the open shards.
@@ -191,7 +195,7 @@ def recover(
     `progress(fraction)` is called as frames are applied.
     """
     t0 = time.perf_counter()
-    loaded = load_data_dir(fs, data_dir, n_shards, **shard_kw)
+    loaded = load_data_dir(fs, data_dir, n_shards, cold_dir, **shard_kw)
     report = RecoveryReport()
     for _ in replay(engine, loaded, report, progress=progress):
         pass
@@ -206,6 +210,7 @@ async def recover_async(
     n_shards: int,
     *,
     progress: Callable[[float], None] | None = None,
+    cold_dir: str | None = None,
     **shard_kw: Any,
 ) -> tuple[list[WalShard], RecoveryReport]:
     """:func:`recover` that keeps the event loop responsive.
@@ -214,7 +219,7 @@ async def recover_async(
     `/v0/ready` can answer 503 with progress meanwhile.
     """
     t0 = time.perf_counter()
-    loaded = await asyncio.to_thread(load_data_dir, fs, data_dir, n_shards, **shard_kw)
+    loaded = await asyncio.to_thread(load_data_dir, fs, data_dir, n_shards, cold_dir, **shard_kw)
     report = RecoveryReport()
     try:
         for _ in replay(engine, loaded, report, progress=progress):

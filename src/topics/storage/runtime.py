@@ -43,6 +43,7 @@ class StorageConfig:
     shards: int
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     shard_kw: dict[str, Any] = field(default_factory=dict)
+    cold_dir: str | None = None
 
 
 class Storage:
@@ -78,7 +79,13 @@ class Storage:
         CheckpointFailed when a shard-count change cannot be absorbed.
         """
         shards, report = await recover_async(
-            engine, fs, config.data_dir, config.shards, progress=progress, **config.shard_kw
+            engine,
+            fs,
+            config.data_dir,
+            config.shards,
+            progress=progress,
+            cold_dir=config.cold_dir,
+            **config.shard_kw,
         )
         journal = WalJournal(shards, asyncio.get_running_loop(), reserved=report.reserved)
         journal.router_ops = report.router_ops
@@ -93,6 +100,7 @@ class Storage:
             config.checkpoint,
             stores=report.stores,
             absorbed=report.absorbed,
+            cold_dir=config.cold_dir,
         )
         st = cls(engine, fs, journal, ck, report)
         if report.layout_changed:

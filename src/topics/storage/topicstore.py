@@ -55,6 +55,7 @@ from topics.storage.segment import (
     segment_paths,
     topic_dir,
 )
+from topics.storage.segstore import LocalSegmentStore, SegmentPart, Tier, TopicTier
 
 __all__ = [
     "MAX_MAPS",
@@ -156,6 +157,7 @@ class SegMeta:
     data_bytes: int
     deleted: int = 0
     first_ts: int = 0
+    tier: Tier = Tier.HOT
 
     @property
     def last_seq(self) -> int:
@@ -166,14 +168,33 @@ class SegMeta:
 class TopicStore:
     """A topic instance's segments (ascending) and its active segment's writer.
 
-    Owned by the checkpointer: `writer` is only used inside a checkpoint.
+    `tier` resolves and drops sealed segments in either tier (seed 2 §3.6; the
+    active segment is always HOT, in `dir`). Owned by the checkpointer: `writer`
+    is only used inside a checkpoint.
     """
 
     topic_id: int
     dir: str
+    tier: TopicTier
     segs: list[SegMeta] = field(default_factory=list)
     writer: SegmentWriter | None = None
     next_loc: int = 0
+
+    @classmethod
+    def create(cls, fs: Fs, root: str, topic_id: int, cold_root: str | None = None) -> TopicStore:
+        """An empty store for `topic_id` under data dir `root` (and the cold root, if any)."""
+        d = topic_dir(root, topic_id)
+        cold = LocalSegmentStore(fs, topic_dir(cold_root, topic_id)) if cold_root else None
+        return cls(topic_id, d, TopicTier(LocalSegmentStore(fs, d), cold))
+
+    def drop(self, seg: SegMeta) -> None:
+        """Delete a whole sealed segment from its tier (`.idx` first; idempotent)."""
+        self.tier.store(seg.tier).delete(seg.first_seq)
+
+    def part_path(self, seg: SegMeta, part: SegmentPart) -> str:
+        store = self.tier.store(seg.tier)
+        assert isinstance(store, LocalSegmentStore)
+        return store.path(seg.first_seq, part)
 
     def alloc_loc(self) -> int:
         loc = self.next_loc
@@ -260,15 +281,16 @@ def _rows(
     return rows, int(np.count_nonzero(deleted))
 
 
-def load_topic(fs: Fs, root: str, topic_id: int) -> LoadedTopic:
+def load_topic(fs: Fs, root: str, topic_id: int, cold_root: str | None = None) -> LoadedTopic:
     """Load the segments of topic instance `topic_id` under data dir `root`.
 
-    The newest segment is resumed as the active one (its torn tail, if any, is
-    truncated: the WAL still holds those records); older ones are sealed and
-    only their `.idx` is read. Raises OSError from the fs.
+    Segments are listed through the topic's tier (HOT preferred when a segment is
+    in both). The newest is resumed as the active one (its torn tail, if any, is
+    truncated: the WAL still holds those records); older ones are sealed and only
+    their `.idx` is read. Raises OSError from the fs.
     """
-    d = topic_dir(root, topic_id)
-    store = TopicStore(topic_id, d)
+    store = TopicStore.create(fs, root, topic_id, cold_root)
+    d = store.dir
     scan = scan_segments(fs, d)
     # A segment's entries become durable only after its `.data` and both names are:
     # a half without its pair never held anything a snapshot relies on (the WAL
@@ -285,8 +307,11 @@ def load_topic(fs: Fs, root: str, topic_id: int) -> LoadedTopic:
     sources: dict[int, SegmentSource] = {}
     base_seq = 0
     expect = 0  # next seq after the previous segment
-    segs = scan.segments
-    for i, (first, paths) in enumerate(segs):
+    listed = store.tier.list()
+    for i, (first, tier) in enumerate(listed):
+        tier_store = store.tier.store(tier)
+        assert isinstance(tier_store, LocalSegmentStore)
+        paths = segment_paths(tier_store.root_dir, first)
         if expect and first < expect:
             log.error(
                 "segment %s overlaps the one before it (ends at %d); ignored",
@@ -294,7 +319,7 @@ def load_topic(fs: Fs, root: str, topic_id: int) -> LoadedTopic:
                 expect - 1,
             )
             continue
-        active = i == len(segs) - 1
+        active = i == len(listed) - 1 and tier is Tier.HOT
         if active:
             writer = SegmentWriter.resume(fs, d, first)
             store.writer = writer
@@ -325,7 +350,16 @@ def load_topic(fs: Fs, root: str, topic_id: int) -> LoadedTopic:
         parts.append(rows)
         expect = first + len(entries)
         store.segs.append(
-            SegMeta(first, len(entries), loc, not active, data_size, deleted, int(entries["ts"][0]))
+            SegMeta(
+                first,
+                len(entries),
+                loc,
+                not active,
+                data_size,
+                deleted,
+                int(entries["ts"][0]),
+                tier,
+            )
         )
         sources[loc] = SegmentSource(fs, paths.data, sealed=not active)
     rows_all = np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else None
@@ -356,7 +390,7 @@ def flip_deleted(fs: Fs, idx_path: str, first_seq: int, seqs: list[int]) -> None
 
 
 def remove_topic_dir(fs: Fs, root: str, topic_id: int) -> None:
-    """Unlink every file of a deleted topic instance's directory, then the directory."""
+    """Unlink every file of a deleted topic instance's directory under `root`, then the directory."""
     d = topic_dir(root, topic_id)
     if not fs.exists(d):
         return
@@ -365,7 +399,3 @@ def remove_topic_dir(fs: Fs, root: str, topic_id: int) -> None:
     fs.fsync_dir(d)
     fs.rmdir(d)
     fs.fsync_dir(posixpath.dirname(d))
-
-
-def segment_idx_path(store: TopicStore, first_seq: int) -> str:
-    return segment_paths(store.dir, first_seq).idx
