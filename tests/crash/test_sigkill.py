@@ -56,15 +56,29 @@ async def _burst(base: str, seed: int) -> tuple[dict[str, dict], set[str]]:
     return acked, attempted
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_sigkill_keeps_every_acked_fsync_record(tmp_path: Path, seed: int) -> None:
-    env = {"TOPICS_WAL_SHARDS": str(1 + seed % 2)}
+# Checkpoints every ~100 ms (and after 64 KiB of WAL) with small segments: the kill
+# lands before, during or after checkpoints, seals and WAL pruning.
+CHECKPOINTING = {
+    "TOPICS_CHECKPOINT_INTERVAL_MS": "100",
+    "TOPICS_CHECKPOINT_WAL_BYTES": "65536",
+    "TOPICS_SEGMENT_MAX_EVENTS": "200",
+}
+
+
+@pytest.mark.parametrize(
+    "seed,checkpoints", [(1, False), (2, False), (3, False), (4, True), (5, True), (6, True)]
+)
+def test_sigkill_keeps_every_acked_fsync_record(
+    tmp_path: Path, seed: int, checkpoints: bool
+) -> None:
+    env = {"TOPICS_WAL_SHARDS": str(1 + seed % 2), **(CHECKPOINTING if checkpoints else {})}
     srv = ServerProcess(tmp_path, env)
     with httpx.Client(base_url=srv.base) as c:
         assert c.put("/v0/topics/crash", json={"durability": "fsync"}).status_code == 201
 
     async def run() -> tuple[dict[str, dict], set[str]]:
-        delay = random.Random(seed).uniform(0.3, 1.2)
+        lo, hi = (1.0, 2.5) if checkpoints else (0.3, 1.2)
+        delay = random.Random(seed).uniform(lo, hi)
         burst = asyncio.create_task(_burst(srv.base, seed))
         await asyncio.sleep(delay)
         srv.proc.send_signal(signal.SIGKILL)  # the process this test started
@@ -90,6 +104,9 @@ def test_sigkill_keeps_every_acked_fsync_record(tmp_path: Path, seed: int) -> No
                     break
     finally:
         assert srv2.stop() == 0
+    if checkpoints:
+        segs = list((tmp_path / "data" / "topics").rglob("seg-*.idx"))
+        assert segs, "no checkpoint ran before the kill"
     missing = [u for u in acked if u not in survivors]
     assert not missing, f"{len(missing)} acked records lost, e.g. {missing[:3]}"
     for uid, data in acked.items():

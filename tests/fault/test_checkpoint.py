@@ -366,3 +366,37 @@ def test_power_loss_anywhere_in_a_checkpoint_loses_nothing(
             h.close()
         finally:
             h.shutdown()
+
+
+def test_verify_accepts_a_checkpointed_dir_and_flags_a_missing_replay_start() -> None:
+    from topics.storage.check import check
+    from topics.storage.snapshot import decode_snapshot
+
+    disk = FakeDisk()
+    with Durable(disk, shards=1, file_bytes=4096, segment_max_events=6) as h:
+        h.open()
+        assert h.put_topic("t", {"durability": "fsync"})
+        for k in range(12):
+            assert h.write("t", _rich(f"k{k}", 4)).ok
+        assert h.delete_records("t", {"match": ["tag", "Eq", "t1"]})[1]
+        h.checkpoint()
+        assert h.write("t", _rich("z", 3)).ok
+        h.checkpoint()
+        for k in range(12):  # the WAL rotates past the file the newest snapshot names
+            assert h.write("t", make_records(f"pad{k}", 4, size=200)).ok
+        h.shutdown()  # no final checkpoint: snapshot 2 stays the newest
+    rep = check(disk, DATA_DIR)
+    assert rep.ok, [str(p) for p in rep.corruption]
+    assert rep.deleted_records > 0 and rep.valid_snapshots == 2
+    snaps = list_snapshots(disk, posixpath.join(DATA_DIR, "meta"))
+    f = disk.open(snaps[-1][1])
+    body = decode_snapshot(f.pread(f.size(), 0))
+    f.close()
+    assert isinstance(body, dict)
+    name = body["wal"]["wal"][0]
+    wal_dir = posixpath.join(DATA_DIR, "wal")
+    files = sorted(n for n in disk.listdir(wal_dir) if n.endswith(".log"))
+    assert files[-1] != name
+    disk.unlink(posixpath.join(wal_dir, name))
+    rep = check(disk, DATA_DIR)
+    assert "snapshot_wal_missing" in [p.kind for p in rep.corruption]

@@ -122,6 +122,7 @@ SEVERITY: dict[str, str] = {
     # snapshots
     "snapshot_invalid": CORRUPT,
     "no_valid_snapshot": CORRUPT,
+    "snapshot_wal_missing": CORRUPT,  # the newest snapshot's replay start is a missing file
     # anywhere
     "tmp_leftover": INFO,
     "unknown_entry": INFO,
@@ -648,6 +649,7 @@ def _check_snapshots(
     for name in _listdir(fs, meta):
         if name.endswith(".tmp"):
             report.add("tmp_leftover", posixpath.join(meta, name), "leftover snapshot temp file")
+    newest: tuple[str, dict[Any, Any]] | None = None
     for _n, path in snaps:
         report.snapshots += 1
         try:
@@ -660,9 +662,30 @@ def _check_snapshots(
             report.add("snapshot_invalid", path, result.reason)
         else:
             report.valid_snapshots += 1
+            newest = (path, result)
         tick()
     if snaps and not report.valid_snapshots:
         report.add("no_valid_snapshot", meta, f"none of {len(snaps)} snapshots is valid")
+    if newest is not None:
+        _check_replay_start(fs, report, posixpath.dirname(meta), *newest)
+
+
+def _check_replay_start(fs: Fs, report: CheckReport, data_dir: str, path: str, body: Any) -> None:
+    """Recovery replays each shard from the WAL file the newest snapshot names: it must exist
+    whenever its shard still holds files (an older layout's absorbed directory may be gone)."""
+    wal = body.get("wal") if isinstance(body, dict) else None
+    if not isinstance(wal, dict):
+        return
+    for rel, pos in wal.items():
+        d = posixpath.join(data_dir, str(rel))
+        files = list_wal_files(fs, d) if fs.exists(d) else []
+        name = str(pos[0]) if isinstance(pos, (list, tuple)) and pos else ""
+        if files and name and name not in files:
+            report.add(
+                "snapshot_wal_missing",
+                path,
+                f"replay of {rel} starts in {name}, which is missing ({len(files)} files left)",
+            )
 
 
 # -- entry point ---------------------------------------------------------------------
