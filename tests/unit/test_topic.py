@@ -163,3 +163,19 @@ def test_totals_track_live_bytes() -> None:
     assert (totals.records, totals.bytes) == (1, 4)
     t.drop_all()
     assert (totals.records, totals.bytes) == (0, 0)
+
+
+def test_read_fields_returns_raw_parts_and_seq_for_ts_searches_the_ts_column() -> None:
+    t = mk()
+    put(t, {"a": 1}, now=NOW)
+    put(t, "b", now=NOW + 10, node="n1", tag="x")
+    put(t, 3, now=NOW + 20)
+    t.delete_seqs([3])
+    r = t.read(0, 10, 1 << 20, now=NOW + 20, fields=True)
+    assert r.records == [
+        (1, NOW, None, None, b'{"a":1}', None),
+        (2, NOW + 10, "n1", "x", b'"b"', None),
+    ]
+    assert t.seq_for_ts(0) == 1 and t.seq_for_ts(NOW + 5) == 2
+    assert t.seq_for_ts(NOW + 20) == 3  # deleted: readers go on from there
+    assert t.seq_for_ts(NOW + 21) == 4  # head + 1

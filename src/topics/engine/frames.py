@@ -37,6 +37,7 @@ __all__ = [
     "frame_fields",
     "check_frame",
     "render_frames",
+    "collect_fields",
 ]
 
 #: Header bytes before node/tag/payload: WAL frames carry a `type` byte, segment frames do not.
@@ -203,3 +204,35 @@ def render_frames(
             parts.append(b',"meta":' + meta)
         parts.append(b"}")
         out.append(b"".join(parts))
+
+
+def collect_fields(
+    src: FrameSource,
+    seqs: Sequence[int],
+    offs: Sequence[int],
+    lens: Sequence[int],
+    tss: Sequence[int],
+    out: list[Any],
+) -> None:
+    """Append `(seq, ts, node, tag, data, meta)` of each record to `out` (no JSON rendering).
+
+    Same inputs and errors as :func:`render_frames`; for protocol bridges (Kafka)
+    that re-encode records themselves.
+    """
+    n = len(seqs)
+    if not n:
+        return
+    lo = min(offs)
+    hi = max(o + ln for o, ln in zip(offs, lens, strict=True))
+    buf, base = src.span(lo, hi)
+    hdr = src.hdr
+    for i in range(n):
+        o = offs[i] - base
+        ln = lens[i]
+        seq = seqs[i]
+        if src.verify:
+            why = check_frame(buf, o, ln, seq, hdr)
+            if why is not None:
+                raise FrameCorrupt(src.name, seq, why)
+        node, tag, data, meta = frame_fields(buf, o, ln, hdr)
+        out.append((seq, tss[i], node, tag, data, meta))

@@ -28,6 +28,7 @@ from topics.engine.frames import (
     FrameCorrupt,
     FrameSource,
     check_frame,
+    collect_fields,
     frame_fields,
     render_frames,
 )
@@ -710,8 +711,12 @@ class Topic:
         include_tags: bool = False,
         include_meta: bool = True,
         include_data: bool = True,
+        fields: bool = False,
     ) -> ReadResult:
         """One pass of the read pipeline of SEMANTICS §6 (retention applied by the caller).
+
+        With `fields`, `records` holds `(seq, ts, node, tag, data, meta)` tuples
+        (raw JSON bytes for data/meta) instead of rendered wire objects.
 
         `limit` bounds delivered records (>= 1), `budget` the payload bytes (at least
         one record is always delivered when any is deliverable). Skipped slots
@@ -793,6 +798,16 @@ class Topic:
                     c_ts = w["ts"][chosen].tolist()
                     cuts = [0, *(np.flatnonzero(c_locs[1:] != c_locs[:-1]) + 1).tolist(), take]
                     for a, z in zip(cuts, cuts[1:], strict=False):
+                        if fields:
+                            collect_fields(
+                                sources[int(c_locs[a])],
+                                c_seqs[a:z],
+                                c_offs[a:z],
+                                c_lens[a:z],
+                                c_ts[a:z],
+                                out,
+                            )
+                            continue
                         render_frames(
                             sources[int(c_locs[a])],
                             c_seqs[a:z],
@@ -814,6 +829,17 @@ class Topic:
         return ReadResult(out, nxt, H, E, tomb, scanned, seqs)
 
     # ---------------------------------------------------------------- lookup
+
+    def seq_for_ts(self, ts: int) -> int:
+        """The first retained seq whose commit time is >= `ts` (ms), or head + 1.
+
+        A binary search on the slots' `ts` column (non-decreasing in seq); the seq
+        found may be deleted: read from it for the first live record.
+        """
+        idx = self.index
+        start = max(self.earliest_seq - idx.base_seq, 0)
+        tss = idx.view()["ts"][start:]
+        return idx.base_seq + start + int(np.searchsorted(tss, ts, side="left"))
 
     def slot_live(self, seq: int) -> bool:
         """True if `seq` is published, retained and not deleted."""

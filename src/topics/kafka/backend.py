@@ -3,17 +3,14 @@
 The rest of `topics.kafka` never imports engine modules: it calls
 :class:`KafkaBackend`. The engine pieces used here are the public ones:
 `Engine.get` / `require` / `put_topic` / `delete_topic` / `begin_write` /
-`prepare_read` / `delete_records` / `topics` (names only) / `limits` /
+`prepare_read` / `begin_delete` / `topics` (names only) / `limits` /
 `journal.barrier` (when the journal has one), `WriteRequest`, `NewRecord`,
 `valid_topic_name`, `parse_topic_config`, and on a topic `head_seq`,
 `earliest_seq`, `evict_floor`, `live_count`, `topic_id`,
-`config.durability`, `read` (for the seqs a read pass delivers),
-`get_record` and `listeners`; on a staged write `first_seq`, `ts`,
-`published`, `ok` and `waiters`.
-
-Bulk reads are built from `Topic.read` (which seqs are deliverable) plus one
-`Topic.get_record` per record; a raw range read in the engine (seq, ts, tag,
-data, meta without rendering) would replace both.
+`config.durability`, `read(..., fields=True)` (the read pipeline returning
+raw `(seq, ts, node, tag, data, meta)` tuples, no JSON rendering), `seq_for_ts`
+(a binary search on the index's ts column), `get_record` and `listeners`; on a
+staged write `first_seq`, `ts`, `published`, `ok` and `waiters`.
 
 All calls happen on the event loop that owns the engine.
 """
@@ -205,16 +202,8 @@ class KafkaBackend:
         if t is None:
             return []
         now = self.engine.prepare_read(t)
-        r = t.read(from_seq, limit, max(max_bytes, 1), now=now)
-        out: list[Stored] = []
-        get = t.get_record
-        for s in r.seqs:
-            rec = get(s)
-            if rec is None:
-                continue
-            ts, _hops, p = rec
-            out.append(Stored(s, ts, p.tag, p.data, p.meta))
-        return out
+        r = t.read(from_seq, limit, max(max_bytes, 1), now=now, fields=True)
+        return [Stored(s, ts, tag, data, meta) for s, ts, _node, tag, data, meta in r.records]
 
     def first_at_or_after(self, name: str, seq: int) -> Stored | None:
         """The first live record with seq >= `seq`, or None."""
@@ -224,22 +213,14 @@ class KafkaBackend:
     def seq_for_time(self, name: str, ts: int) -> Stored | None:
         """The first live record whose `$ts` >= `ts` (ts is non-decreasing in seq).
 
-        A binary search over seqs, each probe reading one record.
+        A binary search on the index's `ts` column, then one read from there.
         """
         t = self.engine.get(name)
         if t is None:
             return None
-        # Smallest s such that the first live record at or after s is missing or
-        # has ts >= `ts`; that record is the answer.
-        lo, hi = t.earliest_seq, t.head_seq + 1
-        while lo < hi:
-            mid = (lo + hi) // 2
-            p = self.first_at_or_after(name, mid)
-            if p is None or p.ts >= ts:
-                hi = mid
-            else:
-                lo = p.seq + 1
-        return self.first_at_or_after(name, lo) if lo <= t.head_seq else None
+        self.engine.prepare_read(t, consume=False)
+        s = t.seq_for_ts(ts)
+        return self.first_at_or_after(name, s) if s <= t.head_seq else None
 
     def last_record(self, name: str) -> Stored | None:
         """The newest live record (it has the largest `$ts`), or None."""
