@@ -413,7 +413,7 @@ class EngineVsModel(RuleBasedStateMachine):
 
 
 BASE_SETTINGS = settings(
-    max_examples=500,
+    max_examples=150,  # the quick tier; test_engine_state_machine_slow runs 1500
     stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
