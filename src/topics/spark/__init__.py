@@ -29,8 +29,18 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
-def register(spark: Any) -> None:
-    """Register format "topics" in the SparkSession `spark` (idempotent)."""
+def register(spark: Any, *, force: bool = False) -> None:
+    """Register format "topics" in the SparkSession `spark`.
+
+    Does nothing when the format is already known (auto-registration found the
+    installed `pyspark_topics` module) unless `force`.
+    """
     from topics.spark.source import TopicsDataSource
 
+    if not force:
+        try:
+            if spark._jsparkSession.sessionState().dataSourceManager().dataSourceExists("topics"):
+                return
+        except Exception:  # Spark Connect sessions have no JVM handle: just register
+            pass
     spark.dataSource.register(TopicsDataSource)
