@@ -310,7 +310,8 @@ class _OfflineReader(DataSourceReader):
         return [_SlicePartition(s) for s in slices]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, _SlicePartition)
+        if not isinstance(partition, _SlicePartition):
+            return  # no partitions planned: Spark still runs one task, with None
         yield from read_slice(partition.slice, self.value_format, self.batch_rows or 32768)
 
 
@@ -378,7 +379,8 @@ class _ServerOptions:
         return out
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, _RangePartition)
+        if not isinstance(partition, _RangePartition):
+            return  # no partitions planned: Spark still runs one task, with None
         with self.client() as c:
             yield from read_range(
                 c, partition.range, self.value_format, fail_on_data_loss=self.fail_on_data_loss
