@@ -647,27 +647,6 @@ class Topic:
         else:
             self.complete(pw, False)
 
-    def restore(self, first_seq: int, ts: int, records: list[NewRecord]) -> None:
-        """Publish records at given seqs and ts (WAL replay of decoded frames).
-
-        Seqs at or below the head are skipped (already applied); a jump past the
-        head is padded with deleted holes (silent gaps, SEMANTICS §18).
-        """
-        skip = self.head_seq + 1 - first_seq
-        if skip > 0:
-            records = records[skip:]
-            first_seq += skip
-        if not records:
-            return
-        gap = first_seq - self.head_seq - 1
-        if gap > 0:
-            self._append_holes(gap, ts)
-        self.next_seq = first_seq
-        self.last_ts = max(self.last_ts, ts)
-        pw = self.stage(records, ts, None)
-        pw.ts = ts
-        self.complete(pw, True)
-
     def reserve_head(self, head: int, ts: int) -> None:
         """Raise the head to a durable reservation, padding with holes (disk class)."""
         if head > self.head_seq and not self.pending:
