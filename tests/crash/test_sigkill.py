@@ -94,7 +94,9 @@ def test_sigkill_keeps_every_acked_fsync_record(
             seqs: list[int] = []
             cur = 0
             while True:
-                d = c.post("/v0/topics/crash/diff", json={"from_seq": cur, "limit": 1000}).json()
+                resp = c.post("/v0/topics/crash/diff", json={"from_seq": cur, "limit": 1000})
+                assert resp.status_code == 200, (resp.status_code, resp.text, srv2.log_text())
+                d = resp.json()
                 assert d["tombstone"] is None
                 for r in d["records"]:
                     survivors[r["data"]["uid"]] = r["data"]

@@ -588,11 +588,11 @@ class Topic:
         beyond them become deleted holes; floors set beforehand (from a snapshot)
         drop what lies below them. The tag index goes stale.
         """
+        self.sources.update(sources)  # an empty active segment is a source too
         n = len(rows)
         if not n:
             return
         assert not len(self.index), "attach_segments needs an empty index"
-        self.sources.update(sources)
         self.index = SlotIndex.from_rows(base_seq, rows)
         end = base_seq + n - 1
         self.ckpt_seq = self.ckpt_claim = end
