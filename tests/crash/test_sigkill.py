@@ -24,10 +24,10 @@ WRITERS = 8
 BATCH = 5
 
 
-async def _burst(base: str, seed: int) -> tuple[dict[str, dict], set[str]]:
-    """Concurrent writers until the server dies; returns (acked {uid: data}, attempted uids)."""
-    acked: dict[str, dict] = {}
-    attempted: set[str] = set()
+async def _burst(
+    base: str, seed: int, acked: dict[str, dict], attempted: set[str]
+) -> tuple[dict[str, dict], set[str]]:
+    """Concurrent writers until the server dies; fills (acked {uid: data}, attempted uids)."""
     rng = random.Random(seed)
 
     async def writer(w: int) -> None:
@@ -79,7 +79,13 @@ def test_sigkill_keeps_every_acked_fsync_record(
     async def run() -> tuple[dict[str, dict], set[str]]:
         lo, hi = (1.0, 2.5) if checkpoints else (0.3, 1.2)
         delay = random.Random(seed).uniform(lo, hi)
-        burst = asyncio.create_task(_burst(srv.base, seed))
+        acked: dict[str, dict] = {}
+        attempted: set[str] = set()
+        burst = asyncio.create_task(_burst(srv.base, seed, acked, attempted))
+        for _ in range(3000):  # the kill is timed from the first acknowledged write
+            if acked or burst.done():
+                break
+            await asyncio.sleep(0.01)
         await asyncio.sleep(delay)
         srv.proc.send_signal(signal.SIGKILL)  # the process this test started
         return await burst
@@ -94,7 +100,9 @@ def test_sigkill_keeps_every_acked_fsync_record(
             seqs: list[int] = []
             cur = 0
             while True:
-                d = c.post("/v0/topics/crash/diff", json={"from_seq": cur, "limit": 1000}).json()
+                resp = c.post("/v0/topics/crash/diff", json={"from_seq": cur, "limit": 1000})
+                assert resp.status_code == 200, (resp.status_code, resp.text, srv2.log_text())
+                d = resp.json()
                 assert d["tombstone"] is None
                 for r in d["records"]:
                     survivors[r["data"]["uid"]] = r["data"]

@@ -400,3 +400,32 @@ def test_verify_accepts_a_checkpointed_dir_and_flags_a_missing_replay_start() ->
     disk.unlink(posixpath.join(wal_dir, name))
     rep = check(disk, DATA_DIR)
     assert "snapshot_wal_missing" in [p.kind for p in rep.corruption]
+
+
+def test_active_segment_torn_to_nothing_is_still_readable_after_the_next_checkpoint() -> None:
+    """A crash inside a checkpoint can leave a new segment pair with no durable entry (its
+    records are still in the WAL). Recovery resumes it empty; the next checkpoint appends
+    to it, so it must be a registered source of the topic (a read once failed on it)."""
+    disk = FakeDisk()
+    with Durable(disk, shards=1, segment_max_events=5) as h:
+        h.open()
+        assert h.put_topic("a", {"durability": "fsync"})
+        assert h.write("a", make_records("a", 5)).ok
+        h.checkpoint()  # seg 1, full
+        assert h.write("a", make_records("b", 3)).ok  # seqs 6-8: WAL only
+        want = h.fingerprint()
+        tid = h.eng().require("a").topic_id
+        d = topic_dir(DATA_DIR, tid)
+        h.crash()
+        disk.recover()
+        # What a checkpoint cut short after creating seg 6 leaves: both names, no entry.
+        for ext in ("data", "idx"):
+            disk.open(posixpath.join(d, f"seg-0000000000000006.{ext}"), create=True, write=True)
+        disk.fsync_dir(d)
+        h.reopen()
+        assert not fingerprint_equal(h.fingerprint(), want)
+        h.checkpoint()  # appends seqs 6-8 to the empty active segment
+        assert not fingerprint_equal(h.fingerprint(), want)
+        h.crash_and_recover()
+        assert not fingerprint_equal(h.fingerprint(), want)
+        h.close()

@@ -167,22 +167,28 @@ def test_acknowledged_create_survives_power_loss() -> None:
         h.close()
 
 
-@pytest.mark.xfail(
-    reason="GAP: topic create / config / topic delete are applied in memory before "
-    "their frame commits; the response waits for the commit (500 on failure) and a "
-    "restart forgets a failed one, but until then the change is visible (SEMANTICS "
-    "§19.12 asks for WAL-first; record deletes and queue acks are WAL-first)",
-    strict=True,
-)
-def test_failed_create_is_not_visible() -> None:
+def test_failed_create_and_config_change_are_withdrawn() -> None:
+    """SEMANTICS §19.12: a create or config change whose frame fails is not kept (it is
+    withdrawn before the request that made it is answered with 500)."""
     disk = FakeDisk()
     fault = FaultFs(disk)
     with Durable(fault, shards=1) as h:
         h.open()
+        assert h.put_topic("old", {"durability": "fsync", "ttl_ms": 1000})
         fault.fail("fdatasync", 1, "EIO")
         h.eng().put_topic("t", {"durability": "fsync"})
-        h.settle()
+        assert not h.settle()
         assert "t" not in h.eng().topics
+        h.shutdown()
+    disk = FakeDisk()
+    fault = FaultFs(disk)
+    with Durable(fault, shards=1) as h:
+        h.open()
+        assert h.put_topic("old", {"durability": "fsync", "ttl_ms": 1000})
+        fault.fail("fdatasync", 1, "EIO")
+        h.eng().put_topic("old", {"durability": "fsync", "ttl_ms": 5000})
+        assert not h.settle()
+        assert h.eng().require("old").config.ttl_ms == 1000
         h.shutdown()
 
 

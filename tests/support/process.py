@@ -75,6 +75,11 @@ class ServerProcess:
         self.stop()
         raise RuntimeError("server did not write its port file in time")
 
+    def log_text(self) -> str:
+        """What the server logged so far (for assertion messages)."""
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")[-4000:]
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
         """Signal the process we started (by PID) and wait; returns its exit code."""
         if self.proc.poll() is None:

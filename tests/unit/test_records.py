@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from topics.engine.records import Payload, default_frag, loads, prepare_records, render
+from topics.engine.records import Payload, loads, prepare_records
 from topics.errors import TopicsError
 
 
@@ -20,16 +20,13 @@ def test_batch_node_and_overrides() -> None:
     assert [r.node for r in recs] == ["b", "x", "b"]
 
 
-def test_render_matches_default_frag_and_orders_fields() -> None:
+def test_payload_wire_object_and_slices() -> None:
     p = Payload.build(7, 99, "n1", "t1", b'{"x":1}', b'{"m":2}')
-    assert p.frag == default_frag(7, 99, "n1", b'{"x":1}', b'{"m":2}')
     assert (p.data, p.meta) == (b'{"x":1}', b'{"m":2}')
     assert Payload.build(1, 2, None, None, b"[]", None).meta is None
-    assert render(7, 99, p) == p.frag
-    obj = orjson.loads(render(7, 99, p, include_tags=True))
-    assert list(obj) == ["$seq", "$ts", "$node", "$tag", "data", "meta"]
-    obj = orjson.loads(render(7, 99, p, include_meta=False, include_data=False))
-    assert list(obj) == ["$seq", "$ts", "$node"]
+    obj = orjson.loads(p.frag)
+    assert list(obj) == ["$seq", "$ts", "$node", "data", "meta"]
+    assert obj == {"$seq": 7, "$ts": 99, "$node": "n1", "data": {"x": 1}, "meta": {"m": 2}}
 
 
 def test_big_integers_become_floats_and_nan_is_rejected() -> None:

@@ -204,11 +204,24 @@ class Engine:
             self.journal.evict_watermark(t)
 
     def _register(self, t: Topic) -> None:
-        # Log first: a create the journal refuses must leave no in-memory topic.
-        self.journal.topic_created(t)
+        # Log first: a create the journal refuses must leave no in-memory topic. One
+        # whose frame then fails to commit is withdrawn before any request waiting
+        # on it is answered (the request barrier turns the failure into 500).
+        def failed() -> None:
+            if t.alive and self.topics.get(t.name) is t:
+                self._withdraw(t)
+
+        self.journal.topic_created(t, on_failure=failed)
         self.next_topic_id = max(self.next_topic_id, t.topic_id + 1)
         self.topics[t.name] = t
         self.on_topic_created(t)
+
+    def _withdraw(self, t: Topic) -> None:
+        """Remove an instance whose create was never committed (nothing logged)."""
+        del self.topics[t.name]
+        self.on_topic_deleted(t)
+        t.drop_all()
+        t.notify()
 
     def ensure_topic(self, name: str) -> tuple[Topic, bool]:
         """Get or auto-create `name` with the default config (routers, dead letters)."""
@@ -243,7 +256,15 @@ class Engine:
                         "requested_type": cfg.type,
                     },
                 )
-            self.journal.config_updated(existing, cfg)
+            prev = existing.config
+
+            def failed() -> None:
+                # Not committed: the previous config returns (unless changed again).
+                if existing.config is cfg:
+                    existing.config = prev
+                    existing.notify()
+
+            self.journal.config_updated(existing, cfg, on_failure=failed)
             existing.config = cfg
             existing.apply_retention(self.clock.now_ms())
             existing.notify()

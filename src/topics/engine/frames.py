@@ -143,6 +143,11 @@ def frame_fields(buf: Buf, o: int, ln: int, hdr: int) -> RecordFields:
     return node, tag, data, meta
 
 
+def _span(src: FrameSource, offs: Sequence[int], lens: Sequence[int]) -> tuple[Buf, int]:
+    """One `span` of `src` covering every frame of a run."""
+    return src.span(min(offs), max(o + ln for o, ln in zip(offs, lens, strict=True)))
+
+
 def render_frames(
     src: FrameSource,
     seqs: Sequence[int],
@@ -169,9 +174,7 @@ def render_frames(
     n = len(seqs)
     if not n:
         return
-    lo = min(offs)
-    hi = max(o + ln for o, ln in zip(offs, lens, strict=True))
-    buf, base = src.span(lo, hi)
+    buf, base = _span(src, offs, lens)
     hdr = src.hdr
     verify = src.verify
     plain_ok = include_data and not include_tags
@@ -222,9 +225,7 @@ def collect_fields(
     n = len(seqs)
     if not n:
         return
-    lo = min(offs)
-    hi = max(o + ln for o, ln in zip(offs, lens, strict=True))
-    buf, base = src.span(lo, hi)
+    buf, base = _span(src, offs, lens)
     hdr = src.hdr
     for i in range(n):
         o = offs[i] - base

@@ -28,9 +28,18 @@ class Journal(Protocol):
         """Log a staged batch; call `pw.topic.complete(pw, ok)` once committed."""
         ...
 
-    def topic_created(self, t: Topic) -> None: ...
+    def topic_created(self, t: Topic, on_failure: Callable[[], None] | None = None) -> None:
+        """Log a topic create; `on_failure()` runs on the loop if it cannot be committed.
 
-    def config_updated(self, t: Topic, cfg: TopicConfig) -> None: ...
+        Raises TopicsError when the log refuses it (nothing is called then).
+        """
+        ...
+
+    def config_updated(
+        self, t: Topic, cfg: TopicConfig, on_failure: Callable[[], None] | None = None
+    ) -> None:
+        """Log a config change; `on_failure()` as for :meth:`topic_created`."""
+        ...
 
     def topic_deleted(self, t: Topic) -> None: ...
 
@@ -84,10 +93,12 @@ class MemoryJournal:
     def submit_write(self, pw: PendingWrite) -> None:
         pw.topic.complete(pw, True)
 
-    def topic_created(self, t: Topic) -> None:
+    def topic_created(self, t: Topic, on_failure: Callable[[], None] | None = None) -> None:
         pass
 
-    def config_updated(self, t: Topic, cfg: TopicConfig) -> None:
+    def config_updated(
+        self, t: Topic, cfg: TopicConfig, on_failure: Callable[[], None] | None = None
+    ) -> None:
         pass
 
     def topic_deleted(self, t: Topic) -> None:

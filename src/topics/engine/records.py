@@ -1,10 +1,9 @@
-"""Records on their way in (validation) and out (pre-rendered JSON fragments).
+"""Records on their way in (validation) and handed out to routers and queues.
 
 A record's `data` and `meta` are serialised once, at write time, with orjson;
-reads splice those bytes into responses and never re-parse a stored payload
-(DESIGN §3). :func:`render` builds one wire record object (API §1.6): `$seq`,
-`$ts`, `$node` (when present), `$tag` (when asked), `data`, `meta` (when present
-and asked), in that order.
+the stored frames keep those bytes and reads splice them into responses without
+re-parsing (DESIGN §3; the rendering itself is :mod:`topics.engine.frames`).
+:class:`Payload` is one record as a router forward or a queue job needs it.
 """
 
 from __future__ import annotations
@@ -18,13 +17,9 @@ import orjson
 from topics.errors import TopicsError, bad_request
 
 __all__ = [
-    "P_FRAG",
-    "P_NODE",
-    "P_TAG",
     "NewRecord",
     "Payload",
     "prepare_records",
-    "render",
     "loads",
     "json_bytes",
     "MAX_KEY_BYTES",
@@ -72,23 +67,12 @@ class NewRecord(NamedTuple):
     hops: int = 0
 
 
-#: Positions in the plain tuple a slot stores (the fields of :class:`Payload`).
-P_NODE, P_TAG, P_FRAG = 0, 1, 2
-
-
 class Payload(NamedTuple):
-    """What a slot keeps in memory: origin fields and one pre-rendered fragment.
+    """One record handed out (router forwarding, queue jobs): origin fields and its wire object.
 
     `frag` is the full wire object for the most common projection
-    (`include_meta` true, `include_tags` false), built once at publish. `data` and
-    `meta` are not stored separately: they are slices of `frag` (`[d0:d1]`,
-    `[m0:m1]`), so a record costs one exact-size bytes object. (orjson's output
-    buffers are over-allocated; keeping them would cost ~4 KiB per record.)
-
-    Slots store the same fields as a plain tuple (exact tuples of atomic values
-    are untracked by CPython's cyclic GC, so millions of stored records do not
-    lengthen full collections); this named view is built when a record is
-    handed out.
+    (`include_meta` true, `include_tags` false). `data` and `meta` are slices of
+    `frag` (`[d0:d1]`, `[m0:m1]`), so a record is one exact-size bytes object.
     """
 
     node: str | None
@@ -124,34 +108,6 @@ class Payload(NamedTuple):
             return cls(node, tag, head + data + b"}", d0, d1)
         m0 = d1 + 8  # len(b',"meta":')
         return cls(node, tag, head + data + b',"meta":' + meta + b"}", d0, d1, m0, m0 + len(meta))
-
-
-def render(
-    seq: int,
-    ts: int,
-    p: Payload,
-    *,
-    include_tags: bool = False,
-    include_meta: bool = True,
-    include_data: bool = True,
-) -> bytes:
-    """One record object as JSON bytes (API §1.6 field order)."""
-    parts = [b'{"$seq":%d,"$ts":%d' % (seq, ts)]
-    if p.node is not None:
-        parts.append(b',"$node":' + orjson.dumps(p.node))
-    if include_tags and p.tag is not None:
-        parts.append(b',"$tag":' + orjson.dumps(p.tag))
-    if include_data:
-        parts.append(b',"data":' + p.data)
-    if include_meta and p.meta is not None:
-        parts.append(b',"meta":' + p.meta)
-    parts.append(b"}")
-    return b"".join(parts)
-
-
-def default_frag(seq: int, ts: int, node: str | None, data: bytes, meta: bytes | None) -> bytes:
-    """The `frag` of :class:`Payload`: include_meta on, include_tags off."""
-    return Payload.build(seq, ts, node, None, data, meta).frag
 
 
 def _opt_str(rec: dict[str, Any], key: str, max_bytes: int, what: str) -> str | None:

@@ -588,11 +588,11 @@ class Topic:
         beyond them become deleted holes; floors set beforehand (from a snapshot)
         drop what lies below them. The tag index goes stale.
         """
+        self.sources.update(sources)  # an empty active segment is a source too
         n = len(rows)
         if not n:
             return
         assert not len(self.index), "attach_segments needs an empty index"
-        self.sources.update(sources)
         self.index = SlotIndex.from_rows(base_seq, rows)
         end = base_seq + n - 1
         self.ckpt_seq = self.ckpt_claim = end
@@ -646,27 +646,6 @@ class Topic:
             self.pending_bytes -= sum(r.nbytes for r in pw.records)
         else:
             self.complete(pw, False)
-
-    def restore(self, first_seq: int, ts: int, records: list[NewRecord]) -> None:
-        """Publish records at given seqs and ts (WAL replay of decoded frames).
-
-        Seqs at or below the head are skipped (already applied); a jump past the
-        head is padded with deleted holes (silent gaps, SEMANTICS §18).
-        """
-        skip = self.head_seq + 1 - first_seq
-        if skip > 0:
-            records = records[skip:]
-            first_seq += skip
-        if not records:
-            return
-        gap = first_seq - self.head_seq - 1
-        if gap > 0:
-            self._append_holes(gap, ts)
-        self.next_seq = first_seq
-        self.last_ts = max(self.last_ts, ts)
-        pw = self.stage(records, ts, None)
-        pw.ts = ts
-        self.complete(pw, True)
 
     def reserve_head(self, head: int, ts: int) -> None:
         """Raise the head to a durable reservation, padding with holes (disk class)."""

@@ -652,36 +652,21 @@ def scan_segment(buf: Buf, start: int = 0) -> ScanResult:
     return _scan(buf, start, True)
 
 
+# The header fields after `frame_len`, as numpy fields (HEADER, vectorised).
+_HEADER_FIELDS: list[tuple[str, str]] = [
+    ("type", "u1"),
+    ("flags", "u1"),
+    ("topic_id", "<u8"),
+    ("seq", "<u8"),
+    ("ts", "<u8"),
+    ("nl", "<u2"),
+    ("tl", "<u2"),
+    ("dl", "<u4"),
+]
 #: One row per valid WAL frame of a buffer (see :func:`scan_columns`).
-WAL_COLS_DTYPE = np.dtype(
-    [
-        ("off", "<i8"),
-        ("size", "<u4"),
-        ("type", "u1"),
-        ("flags", "u1"),
-        ("topic_id", "<u8"),
-        ("seq", "<u8"),
-        ("ts", "<u8"),
-        ("nl", "<u2"),
-        ("tl", "<u2"),
-        ("dl", "<u4"),
-    ]
-)
-
-# The 38 header bytes of a WAL frame as a packed numpy record (HEADER, vectorised).
-_HDR_DTYPE = np.dtype(
-    [
-        ("frame_len", "<u4"),
-        ("type", "u1"),
-        ("flags", "u1"),
-        ("topic_id", "<u8"),
-        ("seq", "<u8"),
-        ("ts", "<u8"),
-        ("nl", "<u2"),
-        ("tl", "<u2"),
-        ("dl", "<u4"),
-    ]
-)
+WAL_COLS_DTYPE = np.dtype([("off", "<i8"), ("size", "<u4"), *_HEADER_FIELDS])
+# The 38 header bytes of a WAL frame as one packed numpy record.
+_HDR_DTYPE = np.dtype([("frame_len", "<u4"), *_HEADER_FIELDS])
 assert _HDR_DTYPE.itemsize == HEADER.size
 _U32_DTYPE = np.dtype([("v", "<u4")])
 
@@ -809,7 +794,7 @@ def _scan_columns(mv: memoryview, start: int) -> ColumnScan:
         cols = np.zeros(k, WAL_COLS_DTYPE)
         cols["off"] = o
         cols["size"] = h["frame_len"] + 4
-        for f in ("type", "flags", "topic_id", "seq", "ts", "nl", "tl", "dl"):
+        for f, _t in _HEADER_FIELDS:
             cols[f] = h[f]
     else:
         cols = np.zeros(0, WAL_COLS_DTYPE)

@@ -306,16 +306,21 @@ class WalJournal:
 
     # ------------------------------------------------------------ topics
 
-    def topic_created(self, t: Topic) -> None:
+    def topic_created(self, t: Topic, on_failure: Callable[[], None] | None = None) -> None:
         self._topic_control(
             t,
             TOPIC_CREATE,
             {"name": t.name, "config": t.config.to_wire(), "epoch": t.epoch},
             ts=t.created_ms,
+            on_commit=_on_failure(on_failure),
         )
 
-    def config_updated(self, t: Topic, cfg: TopicConfig) -> None:
-        self._topic_control(t, CONFIG_UPDATE, {"config": cfg.to_wire()})
+    def config_updated(
+        self, t: Topic, cfg: TopicConfig, on_failure: Callable[[], None] | None = None
+    ) -> None:
+        self._topic_control(
+            t, CONFIG_UPDATE, {"config": cfg.to_wire()}, on_commit=_on_failure(on_failure)
+        )
 
     def topic_deleted(self, t: Topic) -> None:
         self._topic_control(t, TOPIC_DELETE, {"name": t.name})
@@ -528,6 +533,18 @@ def _settle(
             log.exception("applying a committed control frame failed")
     if not fut.done():
         fut.set_result(ok)
+
+
+def _on_failure(cb: Callable[[], None] | None) -> Callable[[bool], None] | None:
+    """An `on_commit` that calls `cb()` only when the frame failed."""
+    if cb is None:
+        return None
+
+    def on_commit(ok: bool) -> None:
+        if not ok:
+            cb()
+
+    return on_commit
 
 
 def _settle_entry(fut: asyncio.Future[WalEntry | None], e: WalEntry | None) -> None:

@@ -257,7 +257,7 @@ class _Ctx:
 
     def attach(self, t: Topic) -> None:
         lt = self.loaded.topics.get(t.topic_id)
-        if lt is not None and len(lt.rows):
+        if lt is not None:
             t.attach_segments(lt.base_seq, lt.rows, dict(lt.sources))
             self.report.segments += len(lt.sources)
             self.report.segment_records += len(lt.rows)

@@ -332,7 +332,11 @@ def load_topic(fs: Fs, root: str, topic_id: int, cold_root: str | None = None) -
         entries = np.frombuffer(raw, IDX_ENTRY_DTYPE)
         if not len(entries):
             if active:
-                store.segs.append(SegMeta(first, 0, store.alloc_loc(), False, 0))
+                # Empty (or torn down to nothing): later checkpoints append to it,
+                # so the engine must be able to read it like any active segment.
+                loc = store.alloc_loc()
+                store.segs.append(SegMeta(first, 0, loc, False, 0))
+                sources[loc] = SegmentSource(fs, paths.data, sealed=False)
             continue
         fl = entries["flags"]
         needs_data = bool(np.any((fl != DELETED) & ((fl & (F_HAS_NODE | F_HAS_TAG)) != 0)))
