@@ -78,7 +78,11 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> History:
                     "orders",
                     [
                         {
-                            "data": {"order": b * 100 + j, "sku": f"S-{j % 7}", "note": "é€" * (j % 3)},
+                            "data": {
+                                "order": b * 100 + j,
+                                "sku": f"S-{j % 7}",
+                                "note": "é€" * (j % 3),
+                            },
                             "tag": f"t{j % 5}",
                             "node": f"gw-{j % 2}",
                             **({"meta": {"trace": f"x{j}", "n": j}} if j % 4 == 0 else {}),
@@ -99,7 +103,7 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> History:
                 [
                     {"data": None},
                     {"data": [1, 2.5, {"x": "y"}]},
-                    {"data": "text with \"quotes\" and \\ and \n"},
+                    {"data": 'text with "quotes" and \\ and \n'},
                     {"data": {"nested": {"deep": [True, False, None]}}, "meta": {}},
                     {"data": 12345678901234},
                 ],

@@ -12,7 +12,16 @@ import orjson
 
 from tests.support.process import ServerProcess
 
-__all__ = ["Row", "client", "write", "diff_all", "diff_rows", "spark_rows", "corrupt_data", "Server"]
+__all__ = [
+    "Row",
+    "client",
+    "write",
+    "diff_all",
+    "diff_rows",
+    "spark_rows",
+    "corrupt_data",
+    "Server",
+]
 
 Row = tuple[str, int, int, str | None, str | None, bytes | None, bytes]
 """(topic, seq, ts ms, tag, node, meta as canonical JSON, data as canonical JSON)."""
@@ -25,7 +34,9 @@ def client(srv: ServerProcess, token: str | None = None) -> httpx.Client:
     return httpx.Client(base_url=srv.base, headers=headers, timeout=30)
 
 
-def write(c: httpx.Client, topic: str, records: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+def write(
+    c: httpx.Client, topic: str, records: list[dict[str, Any]], **extra: Any
+) -> dict[str, Any]:
     r = c.post(f"/v0/topics/{topic}", json={"records": records, **extra})
     assert r.status_code in (200, 201), r.text
     return r.json()
@@ -89,3 +100,76 @@ def corrupt_data(path: Path) -> None:
 def copy_tree(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     return dst
+
+
+class AckLosingProxy:
+    """An HTTP proxy in front of a server that loses the answer of chosen appends once.
+
+    Every request is forwarded. For a POST whose `idempotency_key` ends with one
+    of `lose_suffixes`, the first time that key is seen the server's answer is
+    replaced by a 500 error body: the records are stored but the client sees a
+    failure, as when a connection drops after the commit; at most `max_lost`
+    answers are lost in all. `lost` lists the keys.
+    Bound to 127.0.0.1 on an ephemeral port; `close()` stops it.
+    """
+
+    def __init__(self, upstream: str, lose_suffixes: tuple[str, ...], max_lost: int) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.lost: list[str] = []
+        seen: set[str] = set()
+        lock = threading.Lock()
+        http = httpx.Client(base_url=upstream, timeout=30)
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _forward(self) -> None:
+                n = int(self.headers.get("content-length") or 0)
+                body = self.rfile.read(n) if n else b""
+                headers = {
+                    k: v
+                    for k, v in self.headers.items()
+                    if k.lower() in ("content-type", "authorization")
+                }
+                r = http.request(self.command, self.path, content=body, headers=headers)
+                lose = False
+                if self.command == "POST" and body.startswith(b"{"):
+                    key = orjson.loads(body).get("idempotency_key")
+                    with lock:
+                        if (
+                            isinstance(key, str)
+                            and key.endswith(lose_suffixes)
+                            and key not in seen
+                            and len(proxy.lost) < max_lost
+                        ):
+                            seen.add(key)
+                            proxy.lost.append(key)
+                            lose = True
+                status, content = r.status_code, r.content
+                if lose:
+                    status = 500
+                    content = orjson.dumps(
+                        {"error": {"code": "internal", "message": "answer lost by the test proxy"}}
+                    )
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(content)))
+                self.end_headers()
+                self.wfile.write(content)
+
+            do_GET = do_POST = do_PUT = do_DELETE = _forward
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base = f"http://127.0.0.1:{self._srv.server_address[1]}"
+        self._http = http
+        self._thread = threading.Thread(target=self._srv.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._srv.shutdown()
+        self._srv.server_close()
+        self._http.close()

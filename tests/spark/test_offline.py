@@ -15,7 +15,6 @@ from tests.spark.support import (
     client,
     copy_tree,
     corrupt_data,
-    diff_all,
     diff_rows,
     spark_rows,
     write,
@@ -59,10 +58,7 @@ def test_offline_read_equals_engine_diff(spark: Any, history: History) -> None:
     assert min(r[1] for r in got if r[0] == "capped") == 381
     # One input partition per segment holding readable seqs.
     n_segments = sum(
-        1
-        for t in topics.values()
-        for s in t.cat.segments
-        if s.last_seq >= t.cat.earliest_seq
+        1 for t in topics.values() for s in t.cat.segments if s.last_seq >= t.cat.earliest_seq
     )
     assert df.rdd.getNumPartitions() == n_segments
 
@@ -94,7 +90,11 @@ def test_seq_pruning_reads_only_the_segments_it_must(
     assert set(spark_rows(df)) == want and want
     # The same bounds as a per-topic JSON object.
     df = _read(
-        spark, history, data, topics="orders", startingSeq=f'{{"orders": {start}}}',
+        spark,
+        history,
+        data,
+        topics="orders",
+        startingSeq=f'{{"orders": {start}}}',
         endingSeq=f'{{"orders": {end}}}',
     )
     assert set(spark_rows(df)) == want
@@ -116,7 +116,11 @@ def test_timestamp_pruning_uses_the_idx_only(spark: Any, history: History, tmp_p
         if s.first_seq != 101:
             corrupt_data(Path(s.data_path))
     df = _read(
-        spark, history, data, topics="timed", startingTimestamp=str(ts[2]),
+        spark,
+        history,
+        data,
+        topics="timed",
+        startingTimestamp=str(ts[2]),
         endingTimestamp=str(ts[3]),
     )
     assert df.rdd.getNumPartitions() == 1
@@ -175,9 +179,12 @@ def test_offline_read_while_the_server_writes(spark: Any, tmp_path: Path) -> Non
         while written[0] < 3000:
             time.sleep(0.05)
         for _ in range(4):
-            df = spark.read.format("topics").option("path", str(tmp_path / "data")).option(
-                "topics", "live"
-            ).load()
+            df = (
+                spark.read.format("topics")
+                .option("path", str(tmp_path / "data"))
+                .option("topics", "live")
+                .load()
+            )
             rows = df.select("seq", "data").collect()
             seqs = sorted(r["seq"] for r in rows)
             assert seqs == list(range(1, len(seqs) + 1))
@@ -190,7 +197,10 @@ def test_offline_read_while_the_server_writes(spark: Any, tmp_path: Path) -> Non
         th.join()
         assert srv.stop() == 0
     assert seen == sorted(seen) and 0 < seen[-1] < written[0]
-    final = spark.read.format("topics").option("path", str(tmp_path / "data")).option(
-        "topics", "live"
-    ).load()
+    final = (
+        spark.read.format("topics")
+        .option("path", str(tmp_path / "data"))
+        .option("topics", "live")
+        .load()
+    )
     assert final.count() == written[0]
