@@ -208,3 +208,40 @@ def test_fail_on_data_loss_both_ways_after_cap_eviction(spark: Any, tmp_path: Pa
         assert sorted(r["seq"] for r in rows.collect()) == list(range(floor, 351))
     finally:
         _stop(srv)
+
+
+def test_stream_from_latest_and_topics_that_appear_later(spark: Any, tmp_path: Path) -> None:
+    srv = ServerProcess(tmp_path)
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+
+    def run() -> list[tuple[str, int]]:
+        q = (
+            spark.readStream.format("topics")
+            .option("url", srv.base)
+            .option("topicPattern", r"s\..*")
+            .option("startingSeq", "latest")
+            .load()
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(ckpt))
+            .trigger(availableNow=True)
+            .start()
+        )
+        q.awaitTermination(180)
+        assert q.exception() is None
+        return _seqs_of_parquet(spark, out) if out.exists() else []
+
+    try:
+        with client(srv) as c:
+            write(c, "s.a", [{"data": i} for i in range(100)])
+            write(c, "other", [{"data": i} for i in range(10)])
+        assert run() == []  # latest: what was there when the query started is not read
+        with client(srv) as c:
+            write(c, "s.a", [{"data": i} for i in range(50)])
+            write(c, "s.b", [{"data": i} for i in range(30)])  # a new topic matching the pattern
+            write(c, "other", [{"data": i} for i in range(10)])
+        got = run()
+        # s.a from where the query started; s.b whole (new topics are read from earliest).
+        assert got == [*(("s.a", s) for s in range(101, 151)), *(("s.b", s) for s in range(1, 31))]
+    finally:
+        _stop(srv)
