@@ -245,3 +245,43 @@ def test_stream_from_latest_and_topics_that_appear_later(spark: Any, tmp_path: P
         assert got == [*(("s.a", s) for s in range(101, 151)), *(("s.b", s) for s in range(1, 31))]
     finally:
         _stop(srv)
+
+
+def test_token_scopes_and_prefixes_apply_to_reads_and_writes(spark: Any, tmp_path: Path) -> None:
+    """With auth on, the source and sink act as their key: its tenant prefix, its scopes."""
+    srv = ServerProcess(tmp_path, env={"TOPICS_API_KEYS": "ka:rw:a.,kb:rw:b.,kr:r:a."})
+    try:
+        with client(srv, "ka") as c:
+            write(c, "a.x", [{"data": i} for i in range(20)])
+        with client(srv, "kb") as c:
+            write(c, "b.y", [{"data": i} for i in range(5)])
+
+        def read(token: str | None, **opts: str) -> Any:
+            rd = spark.read.format("topics").option("url", srv.base)
+            if token:
+                rd = rd.option("token", token)
+            for k, v in opts.items():
+                rd = rd.option(k, v)
+            return rd.load()
+
+        # A pattern sees only the key's own topics.
+        rows = read("kr", topicPattern=".*").collect()
+        assert sorted((r["topic"], r["seq"]) for r in rows) == [("a.x", s) for s in range(1, 21)]
+        with pytest.raises(Exception, match="401"):
+            read(None, topics="a.x").count()
+        with pytest.raises(Exception, match="403|404"):
+            read("kr", topics="b.y").count()
+        df = spark.createDataFrame([("1",), ("2",)], "data string")
+        # A read-only key cannot write; nothing is stored.
+        with pytest.raises(Exception, match="403"):
+            df.write.format("topics").option("url", srv.base).option("token", "kr").option(
+                "topic", "a.x"
+            ).mode("append").save()
+        df.write.format("topics").option("url", srv.base).option("token", "ka").option(
+            "topic", "a.x"
+        ).mode("append").save()
+        with client(srv, "ka") as c:
+            data = [r["data"] for r in diff_all(c, "a.x")]
+        assert data[:20] == list(range(20)) and sorted(data[20:]) == [1, 2]
+    finally:
+        _stop(srv)
