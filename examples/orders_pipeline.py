@@ -35,9 +35,17 @@ from typing import Any
 ORDER_SCHEMA = "order_id string, sku string, qty long, price double, placed_at long"
 
 
-def aggregates(spark: Any, url: str, *, source: str = "orders", token: str | None = None,
-               window: str = "1 minute", watermark: str = "30 seconds",
-               starting: str = "earliest", max_per_trigger: int | None = None) -> Any:
+def aggregates(
+    spark: Any,
+    url: str,
+    *,
+    source: str = "orders",
+    token: str | None = None,
+    window: str = "1 minute",
+    watermark: str = "30 seconds",
+    starting: str = "earliest",
+    max_per_trigger: int | None = None,
+) -> Any:
     """The streaming DataFrame of window aggregates.
 
     Columns: `window_start`, `window_end` (timestamps), `sku`, `orders`,
@@ -80,15 +88,32 @@ def aggregates(spark: Any, url: str, *, source: str = "orders", token: str | Non
     )
 
 
-def start(spark: Any, url: str, *, parquet_dir: str, checkpoint_dir: str,
-          source: str = "orders", dest: str = "orders.by_window", token: str | None = None,
-          window: str = "1 minute", watermark: str = "30 seconds",
-          available_now: bool = False, max_per_trigger: int | None = None) -> list[Any]:
+def start(
+    spark: Any,
+    url: str,
+    *,
+    parquet_dir: str,
+    checkpoint_dir: str,
+    source: str = "orders",
+    dest: str = "orders.by_window",
+    token: str | None = None,
+    window: str = "1 minute",
+    watermark: str = "30 seconds",
+    available_now: bool = False,
+    max_per_trigger: int | None = None,
+) -> list[Any]:
     """Start the two streaming queries (topic sink, Parquet sink); returns them."""
     from pyspark.sql import functions as F
 
-    agg = aggregates(spark, url, source=source, token=token, window=window,
-                     watermark=watermark, max_per_trigger=max_per_trigger)
+    agg = aggregates(
+        spark,
+        url,
+        source=source,
+        token=token,
+        window=window,
+        watermark=watermark,
+        max_per_trigger=max_per_trigger,
+    )
     as_records = agg.select(
         F.to_json(
             F.struct(
@@ -139,10 +164,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window", default="1 minute")
     p.add_argument("--watermark", default="30 seconds")
     p.add_argument("--max-per-trigger", type=int, default=None)
-    p.add_argument("--available-now", action="store_true",
-                   help="process what is there, then stop")
-    p.add_argument("--master", default=None,
-                   help="master of a local run (default local[2]); spark-submit sets its own")
+    p.add_argument("--available-now", action="store_true", help="process what is there, then stop")
+    p.add_argument(
+        "--master",
+        default=None,
+        help="master of a local run (default local[2]); spark-submit sets its own",
+    )
     args = p.parse_args(argv)
 
     from pyspark.sql import SparkSession
@@ -153,10 +180,19 @@ def main(argv: list[str] | None = None) -> int:
         from topics.spark.session import local_session
 
         spark = local_session("orders-pipeline", master=args.master or "local[2]")
-    queries = start(spark, args.url, parquet_dir=args.parquet, checkpoint_dir=args.checkpoint,
-                    source=args.source, dest=args.dest, token=args.token, window=args.window,
-                    watermark=args.watermark, available_now=args.available_now,
-                    max_per_trigger=args.max_per_trigger)
+    queries = start(
+        spark,
+        args.url,
+        parquet_dir=args.parquet,
+        checkpoint_dir=args.checkpoint,
+        source=args.source,
+        dest=args.dest,
+        token=args.token,
+        window=args.window,
+        watermark=args.watermark,
+        available_now=args.available_now,
+        max_per_trigger=args.max_per_trigger,
+    )
     try:
         for q in queries:
             q.awaitTermination()

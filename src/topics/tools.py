@@ -100,8 +100,12 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     sel = p.add_mutually_exclusive_group()
     sel.add_argument("--topics", metavar="T1,T2", help="only these topics (default: all)")
     sel.add_argument("--topic-pattern", metavar="REGEX", help="only topics matching (whole name)")
-    p.add_argument("--value-format", choices=["json", "binary"], default="json",
-                   help="data as JSON text (string, default) or its UTF-8 bytes (binary)")
+    p.add_argument(
+        "--value-format",
+        choices=["json", "binary"],
+        default="json",
+        help="data as JSON text (string, default) or its UTF-8 bytes (binary)",
+    )
     p.add_argument("--compression", default="snappy", help="Parquet codec (default snappy)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(tools_command="spark-export")
@@ -120,9 +124,7 @@ def add_subcommands(subparsers: Any) -> None:
     """
     _verify_args(subparsers.add_parser("verify", help=_VERIFY_HELP, description=_VERIFY_HELP))
     _dump_args(subparsers.add_parser("dump", help=_DUMP_HELP, description=_DUMP_HELP))
-    _export_args(
-        subparsers.add_parser("spark-export", help=_EXPORT_HELP, description=_EXPORT_HELP)
-    )
+    _export_args(subparsers.add_parser("spark-export", help=_EXPORT_HELP, description=_EXPORT_HELP))
 
 
 def run(args: argparse.Namespace) -> int:

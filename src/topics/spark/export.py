@@ -74,7 +74,11 @@ def export_parquet(
     records = 0
     files: list[tuple[str, str]] = []
     bar = tqdm(
-        total=total, unit="rec", unit_scale=True, disable=not progress, file=sys.stderr,
+        total=total,
+        unit="rec",
+        unit_scale=True,
+        disable=not progress,
+        file=sys.stderr,
         desc="export",
     )
     writer = None

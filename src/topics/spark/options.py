@@ -110,7 +110,9 @@ def parse_choice(
         return default
     v = str(raw).strip().lower()
     if v not in accepted:
-        raise OptionError(f"option {name}={raw!r} is not accepted; use one of: {', '.join(accepted)}")
+        raise OptionError(
+            f"option {name}={raw!r} is not accepted; use one of: {', '.join(accepted)}"
+        )
     return v
 
 
@@ -131,7 +133,9 @@ class SeqSpec:
         return self.default
 
 
-_SEQ_ACCEPTED = 'earliest, latest, a seq >= 0, or a JSON object {"topic": seq} (-2 earliest, -1 latest)'
+_SEQ_ACCEPTED = (
+    'earliest, latest, a seq >= 0, or a JSON object {"topic": seq} (-2 earliest, -1 latest)'
+)
 
 
 def parse_seq_spec(options: Mapping[str, str], name: str, default: int) -> SeqSpec:
@@ -149,7 +153,9 @@ def parse_seq_spec(options: Mapping[str, str], name: str, default: int) -> SeqSp
         try:
             obj = orjson.loads(text)
         except orjson.JSONDecodeError:
-            raise OptionError(f"option {name}={raw!r} is not valid JSON; accepted: {_SEQ_ACCEPTED}") from None
+            raise OptionError(
+                f"option {name}={raw!r} is not valid JSON; accepted: {_SEQ_ACCEPTED}"
+            ) from None
         if not isinstance(obj, dict):
             raise OptionError(f"option {name}={raw!r}: accepted: {_SEQ_ACCEPTED}")
         per: list[tuple[str, int]] = []

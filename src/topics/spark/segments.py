@@ -287,7 +287,9 @@ def _read_idx(path: str, first_entry: int, count: int) -> np.ndarray[Any, Any]:
     return np.frombuffer(raw, IDX_ENTRY_DTYPE, count=n)
 
 
-def _ts_range(ref: SegmentRef, lo: int, hi: int, data_dir: str, cold: str | None) -> tuple[int, int] | None:
+def _ts_range(
+    ref: SegmentRef, lo: int, hi: int, data_dir: str, cold: str | None
+) -> tuple[int, int] | None:
     """Min and max `ts` of the live `.idx` entries of seqs `[lo, hi]`, or None (none live)."""
     paths = [ref.idx_path]
     alt = _other_tier(ref, data_dir, cold)
@@ -443,12 +445,17 @@ _U32_COLS = np.arange(4, dtype=np.int64)
 _U64_COLS = np.arange(8, dtype=np.int64)
 
 
-def _gather(buf8: np.ndarray[Any, Any], starts: np.ndarray[Any, Any], cols: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+def _gather(
+    buf8: np.ndarray[Any, Any], starts: np.ndarray[Any, Any], cols: np.ndarray[Any, Any]
+) -> np.ndarray[Any, Any]:
     return np.ascontiguousarray(buf8[starts[:, None] + cols])
 
 
 def _byte_ranges(
-    buf: pa.Buffer, starts: np.ndarray[Any, Any], lens: np.ndarray[Any, Any], valid: np.ndarray[Any, Any] | None
+    buf: pa.Buffer,
+    starts: np.ndarray[Any, Any],
+    lens: np.ndarray[Any, Any],
+    valid: np.ndarray[Any, Any] | None,
 ) -> pa.Array:
     """A binary array of `buf[starts[i] : starts[i] + lens[i]]` (null where not `valid`).
 

@@ -111,9 +111,7 @@ class Client:
         headers = {"content-type": "application/json"}
         if token:
             headers["authorization"] = f"Bearer {token}"
-        self._http = httpx.Client(
-            base_url=url.rstrip("/"), headers=headers, timeout=timeout_s
-        )
+        self._http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout_s)
         self.retries = retries
 
     def close(self) -> None:
@@ -223,7 +221,9 @@ class TopicRange:
     end: int
 
 
-def records_to_batch(topic: str, records: Sequence[dict[str, Any]], value_format: str) -> pa.RecordBatch:
+def records_to_batch(
+    topic: str, records: Sequence[dict[str, Any]], value_format: str
+) -> pa.RecordBatch:
     """`diff` records (API §1.6) as one record batch of :func:`arrow_schema`."""
     dumps = orjson.dumps
     data: list[Any]

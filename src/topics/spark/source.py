@@ -55,7 +55,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import BinaryType, StringType, StructType
 
 from topics.spark import options as opt
-from topics.spark.options import EARLIEST, LATEST, OptionError, SeqSpec
+from topics.spark.options import EARLIEST, LATEST, OptionError
 from topics.spark.segments import (
     DDL_SCHEMA,
     Bounds,
@@ -272,10 +272,14 @@ class _OfflineReader(DataSourceReader):
         self.starting = opt.parse_seq_spec(options, "startingSeq", EARLIEST)
         self.ending = opt.parse_seq_spec(options, "endingSeq", LATEST)
         if self.starting.default == LATEST or any(v == LATEST for _, v in self.starting.per_topic):
-            raise OptionError("startingSeq=latest is for streaming reads; a batch read needs "
-                              "earliest, a seq or a JSON object of seqs")
+            raise OptionError(
+                "startingSeq=latest is for streaming reads; a batch read needs "
+                "earliest, a seq or a JSON object of seqs"
+            )
         if self.ending.default == EARLIEST or any(v == EARLIEST for _, v in self.ending.per_topic):
-            raise OptionError("endingSeq=earliest is not accepted; use latest, a seq or a JSON object")
+            raise OptionError(
+                "endingSeq=earliest is not accepted; use latest, a seq or a JSON object"
+            )
         self.ts_start = _ms_option(options, "startingTimestamp")
         self.ts_end = _ms_option(options, "endingTimestamp")
         self.batch_rows = opt.parse_int(options, "batchRows", 32768, minimum=1, maximum=1 << 20)
@@ -402,8 +406,10 @@ class _ServerBatchReader(DataSourceReader):
         self.starting = opt.parse_seq_spec(options, "startingSeq", EARLIEST)
         self.ending = opt.parse_seq_spec(options, "endingSeq", LATEST)
         if self.starting.default == LATEST or any(v == LATEST for _, v in self.starting.per_topic):
-            raise OptionError("startingSeq=latest is for streaming reads; a batch read needs "
-                              "earliest, a seq or a JSON object of seqs")
+            raise OptionError(
+                "startingSeq=latest is for streaming reads; a batch read needs "
+                "earliest, a seq or a JSON object of seqs"
+            )
 
     def partitions(self) -> Sequence[InputPartition]:
         start: dict[str, int] = {}
@@ -568,9 +574,7 @@ class _SinkConfig:
                 raise OptionError(f"column {c} must be a string, not {types[c].simpleString()}")
         if topic is None and "topic" not in types:
             raise OptionError("set the option topic or give the DataFrame a topic column")
-        max_records = opt.parse_int(
-            options, "maxRecordsPerRequest", 5000, minimum=1, maximum=10000
-        )
+        max_records = opt.parse_int(options, "maxRecordsPerRequest", 5000, minimum=1, maximum=10000)
         max_bytes = opt.parse_int(options, "maxBytesPerRequest", 4 << 20, minimum=1024)
         timeout = opt.parse_int(options, "timeoutMs", 30_000, minimum=1)
         cols = tuple(c for c in ("topic", "data", "tag", "node", "meta") if c in types)
@@ -616,7 +620,9 @@ def _record_json(data: Any, tag: Any, node: Any, meta: Any, row: int) -> bytes:
     return b"".join(parts)
 
 
-def _write_partition(cfg: _SinkConfig, batches: Iterator[pa.RecordBatch], key_prefix: str) -> SinkStats:
+def _write_partition(
+    cfg: _SinkConfig, batches: Iterator[pa.RecordBatch], key_prefix: str
+) -> SinkStats:
     with Client(cfg.url, cfg.token, timeout_s=cfg.timeout_s) as client:
         sink = RecordSink(client, key_prefix, max_records=cfg.max_records, max_bytes=cfg.max_bytes)
         row = 0
@@ -632,7 +638,9 @@ def _write_partition(cfg: _SinkConfig, batches: Iterator[pa.RecordBatch], key_pr
             for i in range(n):
                 t = topics[i]
                 if t is None:
-                    raise ValueError(f"row {row + i}: the topic column is null and no topic option is set")
+                    raise ValueError(
+                        f"row {row + i}: the topic column is null and no topic option is set"
+                    )
                 sink.add(t, _record_json(data[i], tags[i], nodes[i], metas[i], row + i))
             row += n
         return sink.flush()
