@@ -10,7 +10,9 @@ Two measurements, one local SparkSession (`local[2]`, `topics.spark.session`):
   converted): `spark.read.format("topics").option("path", ...)` (checksums
   verified, as always) and `spark.read.parquet(...)`. Best and median rows/s
   of `--repeat` runs each; the ratio source / Parquet is the issue's target
-  (>= 0.5).
+  (>= 0.5). A third read, `ceiling`, is a Python source of the same schema
+  that yields one pre-decoded batch over and over (see `ceiling_source`): the
+  most Spark's Python data source path carries here, whatever the decoder.
 * **Streaming latency.** A server and a stream query
   (`readStream.format("topics").option("url", ...)`, `processingTime` trigger
   of `--trigger-ms`, `foreachBatch` sink). A writer appends one record every
@@ -79,6 +81,57 @@ async def fill(base: str, n: int, per: int = 1000, conns: int = 4) -> None:
     await asyncio.gather(*(worker(k) for k in range(conns)))
 
 
+def ceiling_source() -> Any:
+    """Format `topics_ceiling`: the cost of Spark's Python source path alone.
+
+    Each of `partitions` tasks decodes ONE Arrow batch from the topic's first
+    segment and yields it again and again until it has produced `rows` rows:
+    the same schema and values as the real source, almost no decoding. Its
+    rows/s is the most any Python data source can deliver for this schema here.
+    """
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    from topics.spark.segments import DDL_SCHEMA, Bounds, load_offline, plan_slices, read_slice
+
+    class Part(InputPartition):
+        def __init__(self, rows: int) -> None:
+            self.rows = rows
+
+    class Reader(DataSourceReader):
+        def __init__(self, options: dict[str, str]) -> None:
+            self.path = options["path"]
+            self.topic = options["topic"]
+            self.parts = int(options["partitions"])
+            self.rows = int(options["rows"])
+
+        def partitions(self) -> list[Part]:
+            per = self.rows // self.parts
+            return [Part(per + (i < self.rows % self.parts)) for i in range(self.parts)]
+
+        def read(self, partition: Any) -> Any:
+            found = load_offline(self.path)
+            sl = plan_slices(found, {self.topic: Bounds()}, self.path, None)[0]
+            batch = next(iter(read_slice(sl)))
+            left = partition.rows
+            while left > 0:
+                b = batch if left >= batch.num_rows else batch.slice(0, left)
+                left -= b.num_rows
+                yield b
+
+    class Ceiling(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "topics_ceiling"
+
+        def schema(self) -> str:
+            return DDL_SCHEMA
+
+        def reader(self, schema: Any) -> Reader:
+            return Reader(dict(self.options))
+
+    return Ceiling
+
+
 def timed(fn: Any) -> float:
     t = time.perf_counter()
     fn()
@@ -126,6 +179,15 @@ def bulk(spark: Any, tmp: Path, n: int, repeat: int) -> dict[str, Any]:
     def read_parquet() -> None:
         spark.read.parquet(str(pq_dir)).write.format("noop").mode("overwrite").save()
 
+    spark.dataSource.register(ceiling_source())
+
+    def read_ceiling() -> None:
+        spark.read.format("topics_ceiling").option("path", str(data)).option(
+            "topic", "hist"
+        ).option("partitions", str(segments)).option("rows", str(n)).load().write.format(
+            "noop"
+        ).mode("overwrite").save()
+
     # Same rows on both sides.
     c1 = (
         spark.read.format("topics")
@@ -138,10 +200,12 @@ def bulk(spark: Any, tmp: Path, n: int, repeat: int) -> dict[str, Any]:
     assert c1 == c2 == n, (c1, c2, n)
     read_topics()  # warm-up: planner and Python workers start
     read_parquet()
-    times: dict[str, list[float]] = {"topics": [], "parquet": []}
+    read_ceiling()
+    times: dict[str, list[float]] = {"topics": [], "parquet": [], "ceiling": []}
     for _ in range(repeat):
         times["topics"].append(timed(read_topics))
         times["parquet"].append(timed(read_parquet))
+        times["ceiling"].append(timed(read_ceiling))
 
     def rates(ts: list[float]) -> dict[str, float]:
         return {
@@ -159,6 +223,7 @@ def bulk(spark: Any, tmp: Path, n: int, repeat: int) -> dict[str, Any]:
         "export_s": export_s,
         "topics": rates(times["topics"]),
         "parquet": rates(times["parquet"]),
+        "ceiling": rates(times["ceiling"]),
     }
     out["ratio_median"] = round(
         statistics.median(times["parquet"]) / statistics.median(times["topics"]), 2
@@ -278,7 +343,7 @@ def main() -> int:
                 )
                 print("| read | best rows/s | median rows/s |")
                 print("|---|---|---|")
-                for k in ("topics", "parquet"):
+                for k in ("topics", "parquet", "ceiling"):
                     print(f"| {k} | {b[k]['best_rows_s']:,} | {b[k]['median_rows_s']:,} |")
                 print(f"\nsource / Parquet: {b['ratio_median']}x median, {b['ratio_best']}x best\n")
             if not args.skip_stream:
