@@ -1,5 +1,8 @@
 """Command-line entry point: `topics serve` (and `python -m topics`).
 
+The offline tools `verify`, `dump` and `spark-export` are wired in from
+:mod:`topics.tools`.
+
 `topics serve` reads every `TOPICS_*` variable (API §13; flags override the
 matching variable), binds `TOPICS_HOST:TOPICS_PORT` (default 127.0.0.1:4000),
 writes the bound `host:port` to `TOPICS_PORT_FILE` atomically when set, and
@@ -166,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     tools.add_subcommands(sub)
     args = parser.parse_args(argv)
-    if args.cmd in ("verify", "dump"):
+    if args.cmd in ("verify", "dump", "spark-export"):
         return tools.run(args)
 
     if args.cmd == "serve":

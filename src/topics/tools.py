@@ -1,4 +1,5 @@
-"""Offline data-dir tools: `topics verify DATA_DIR` (fsck) and `topics dump DATA_DIR`.
+"""Offline data-dir tools: `topics verify DATA_DIR` (fsck), `topics dump DATA_DIR`,
+and `topics spark-export DATA_DIR --to parquet OUT` (:mod:`topics.spark.export`).
 
 Both only read, through :class:`~topics.storage.fs.RealFs`; run them on a data
 dir no server is writing to (a live server's active WAL tail may read as torn).
@@ -91,6 +92,26 @@ def _dump_args(p: argparse.ArgumentParser) -> None:
     p.set_defaults(tools_command="dump")
 
 
+def _export_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("data_dir", metavar="DATA_DIR", help="the server's data directory")
+    p.add_argument("--to", required=True, choices=["parquet"], help="output format")
+    p.add_argument("out", metavar="OUT", help="output directory (must not exist or be empty)")
+    p.add_argument("--cold-dir", metavar="DIR", help="the cold-tier root, when one is set")
+    sel = p.add_mutually_exclusive_group()
+    sel.add_argument("--topics", metavar="T1,T2", help="only these topics (default: all)")
+    sel.add_argument("--topic-pattern", metavar="REGEX", help="only topics matching (whole name)")
+    p.add_argument(
+        "--value-format",
+        choices=["json", "binary"],
+        default="json",
+        help="data as JSON text (string, default) or its UTF-8 bytes (binary)",
+    )
+    p.add_argument("--compression", default="snappy", help="Parquet codec (default snappy)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.set_defaults(tools_command="spark-export")
+
+
+_EXPORT_HELP = "export topic history from segment files to Parquet (no server, no JVM)"
 _VERIFY_HELP = "check a data directory for corruption (fsck)"
 _DUMP_HELP = "print WAL frames and segment records of a data directory"
 
@@ -103,6 +124,7 @@ def add_subcommands(subparsers: Any) -> None:
     """
     _verify_args(subparsers.add_parser("verify", help=_VERIFY_HELP, description=_VERIFY_HELP))
     _dump_args(subparsers.add_parser("dump", help=_DUMP_HELP, description=_DUMP_HELP))
+    _export_args(subparsers.add_parser("spark-export", help=_EXPORT_HELP, description=_EXPORT_HELP))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -124,8 +146,49 @@ def run(args: argparse.Namespace) -> int:
             topic=args.topic,
             as_json=args.json,
         )
+    if cmd == "spark-export":
+        return spark_export(args)
     print(f"topics: unknown tools command {cmd!r}", file=sys.stderr)
     return EXIT_USAGE
+
+
+def spark_export(args: argparse.Namespace) -> int:
+    """`topics spark-export DATA_DIR --to parquet OUT` (issue 4 §5; topics.spark.export).
+
+    Exit 0 on success, 1 when a frame does not verify, 2 on a usage error (missing
+    data dir, non-empty OUT, pyarrow not installed).
+    """
+    err = _data_dir_error(args.data_dir)
+    if err:
+        return _usage(err)
+    try:
+        from topics.spark.export import export_parquet
+    except ImportError as e:
+        return _usage(f"spark-export needs pyarrow: pip install 'topics[spark]' ({e})")
+    from topics.engine.frames import FrameCorrupt
+
+    names = [t.strip() for t in args.topics.split(",") if t.strip()] if args.topics else None
+    try:
+        rep = export_parquet(
+            args.data_dir,
+            args.out,
+            cold_dir=args.cold_dir,
+            topics=names,
+            pattern=args.topic_pattern,
+            value_format=args.value_format,
+            compression=args.compression,
+            progress=not args.no_progress,
+        )
+    except FileExistsError as e:
+        return _usage(str(e))
+    except FrameCorrupt as e:
+        print(f"topics: corrupt segment, export abandoned: {e}", file=sys.stderr)
+        return EXIT_CORRUPT
+    print(
+        f"exported {rep.records} records of {rep.topics} topic(s) from {rep.segments} "
+        f"segment(s) into {rep.files} Parquet file(s) in {args.out} ({rep.seconds:.2f} s)"
+    )
+    return EXIT_OK
 
 
 def _parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace | int:

@@ -1,0 +1,238 @@
+"""Option parsing for the `topics` Spark source and sink, and for `topics spark-export`.
+
+Spark hands every option over as a string (keys case-insensitive); this module
+turns them into typed values and raises :class:`OptionError` naming the option
+and the values it accepts when one does not parse (issue 4: "a bad option names
+the option and the accepted values"). No pyspark import here: the export tool
+uses it without a JVM.
+
+Seq positions follow Spark's Kafka source (issue 4 §2-§3):
+
+* `startingSeq`: the first seq read, inclusive. `"earliest"` (each topic's
+  first live seq), `"latest"` (only records written after the query starts;
+  streaming only), an integer (the same first seq for every topic), or a JSON
+  object `{"topic": seq}` where `-2` means earliest and `-1` latest (Kafka's
+  convention); topics missing from the object use the default.
+* `endingSeq` (batch only): the end, **exclusive** like Kafka's
+  `endingOffsets`. `"latest"` (default), an integer, or a JSON object.
+* `startingTimestamp` / `endingTimestamp` (offline batch only): ms since the
+  epoch; a record is read when `startingTimestamp <= ts < endingTimestamp`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import orjson
+
+__all__ = [
+    "OptionError",
+    "EARLIEST",
+    "LATEST",
+    "SeqSpec",
+    "parse_seq_spec",
+    "parse_bool",
+    "parse_int",
+    "parse_topics",
+    "parse_choice",
+    "TopicSelector",
+    "VALUE_FORMATS",
+]
+
+EARLIEST = -2
+LATEST = -1
+
+VALUE_FORMATS = ("json", "binary")
+
+
+class OptionError(ValueError):
+    """An option is missing, unknown in combination, or does not parse.
+
+    The message names the option and the accepted values.
+    """
+
+
+def _get(options: Mapping[str, str], name: str) -> str | None:
+    """Case-insensitive lookup (Spark's options are; a plain dict may not be)."""
+    if name in options:
+        return options[name]
+    low = name.lower()
+    for k, v in options.items():
+        if k.lower() == low:
+            return v
+    return None
+
+
+def parse_bool(options: Mapping[str, str], name: str, default: bool) -> bool:
+    """`true`/`false` (any case); raises OptionError otherwise."""
+    raw = _get(options, name)
+    if raw is None:
+        return default
+    v = str(raw).strip().lower()
+    if v in ("true", "1", "yes"):
+        return True
+    if v in ("false", "0", "no"):
+        return False
+    raise OptionError(f"option {name}={raw!r} is not a boolean; accepted: true, false")
+
+
+def parse_int(
+    options: Mapping[str, str],
+    name: str,
+    default: int | None,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+) -> int | None:
+    """An integer option within `[minimum, maximum]`; raises OptionError otherwise."""
+    raw = _get(options, name)
+    if raw is None:
+        return default
+    try:
+        v = int(str(raw).strip())
+    except ValueError:
+        raise OptionError(f"option {name}={raw!r} is not an integer") from None
+    if minimum is not None and v < minimum:
+        raise OptionError(f"option {name}={v} is below the minimum {minimum}")
+    if maximum is not None and v > maximum:
+        raise OptionError(f"option {name}={v} is above the maximum {maximum}")
+    return v
+
+
+def parse_choice(
+    options: Mapping[str, str], name: str, default: str, accepted: tuple[str, ...]
+) -> str:
+    """One of `accepted` (case-insensitive); raises OptionError naming them otherwise."""
+    raw = _get(options, name)
+    if raw is None:
+        return default
+    v = str(raw).strip().lower()
+    if v not in accepted:
+        raise OptionError(
+            f"option {name}={raw!r} is not accepted; use one of: {', '.join(accepted)}"
+        )
+    return v
+
+
+@dataclass(frozen=True, slots=True)
+class SeqSpec:
+    """A parsed `startingSeq`/`endingSeq`: a default position plus per-topic overrides.
+
+    Positions are seqs (>= 0) or :data:`EARLIEST` / :data:`LATEST`.
+    """
+
+    default: int
+    per_topic: tuple[tuple[str, int], ...] = ()
+
+    def for_topic(self, topic: str) -> int:
+        for name, v in self.per_topic:
+            if name == topic:
+                return v
+        return self.default
+
+
+_SEQ_ACCEPTED = (
+    'earliest, latest, a seq >= 0, or a JSON object {"topic": seq} (-2 earliest, -1 latest)'
+)
+
+
+def parse_seq_spec(options: Mapping[str, str], name: str, default: int) -> SeqSpec:
+    """Parse a seq position option (module docstring); raises OptionError."""
+    raw = _get(options, name)
+    if raw is None:
+        return SeqSpec(default)
+    text = str(raw).strip()
+    low = text.lower()
+    if low == "earliest":
+        return SeqSpec(EARLIEST)
+    if low == "latest":
+        return SeqSpec(LATEST)
+    if text.startswith("{"):
+        try:
+            obj = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            raise OptionError(
+                f"option {name}={raw!r} is not valid JSON; accepted: {_SEQ_ACCEPTED}"
+            ) from None
+        if not isinstance(obj, dict):
+            raise OptionError(f"option {name}={raw!r}: accepted: {_SEQ_ACCEPTED}")
+        per: list[tuple[str, int]] = []
+        for k, v in obj.items():
+            if isinstance(v, bool) or not isinstance(v, int) or v < -2:
+                raise OptionError(
+                    f"option {name}: topic {k!r} has position {v!r}; accepted: {_SEQ_ACCEPTED}"
+                )
+            per.append((str(k), v))
+        return SeqSpec(default, tuple(per))
+    try:
+        v = int(text)
+    except ValueError:
+        raise OptionError(f"option {name}={raw!r} is not accepted; use {_SEQ_ACCEPTED}") from None
+    if v < -2:
+        raise OptionError(f"option {name}={v} is not accepted; use {_SEQ_ACCEPTED}")
+    return SeqSpec(v)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSelector:
+    """Which topics a read covers: an explicit list (`topics`) or a regex (`topicPattern`)."""
+
+    names: tuple[str, ...] | None
+    pattern: str | None
+
+    def matches(self, name: str) -> bool:
+        if self.names is not None:
+            return name in self.names
+        assert self.pattern is not None
+        return re.fullmatch(self.pattern, name) is not None
+
+
+def parse_topics(options: Mapping[str, str], *, required: bool = True) -> TopicSelector | None:
+    """`topics` (comma-separated names, or a JSON array) or `topicPattern` (a Python regex,
+    matched against the whole name). Exactly one is needed when `required`.
+
+    Raises OptionError when both or (if required) neither is set, when the list is
+    empty, or when the pattern does not compile.
+    """
+    raw_list = _get(options, "topics")
+    if raw_list is None:
+        raw_list = _get(options, "topic")  # the sink's single-topic option, also fine on reads
+    raw_pat = _get(options, "topicPattern")
+    if raw_list is not None and raw_pat is not None:
+        raise OptionError("set only one of the options topics and topicPattern")
+    if raw_list is None and raw_pat is None:
+        if required:
+            raise OptionError(
+                "set one of the options topics (comma-separated topic names) "
+                "or topicPattern (a regex matched against whole topic names)"
+            )
+        return None
+    if raw_list is not None:
+        text = str(raw_list).strip()
+        names: list[str]
+        if text.startswith("["):
+            try:
+                parsed = orjson.loads(text)
+            except orjson.JSONDecodeError:
+                raise OptionError(f"option topics={raw_list!r} is not a valid JSON array") from None
+            if not isinstance(parsed, list) or not all(isinstance(x, str) for x in parsed):
+                raise OptionError("option topics: a JSON array must hold topic name strings")
+            names = [x.strip() for x in parsed]
+        else:
+            names = [x.strip() for x in text.split(",")]
+        names = [n for n in names if n]
+        if not names:
+            raise OptionError("option topics is empty; give at least one topic name")
+        return TopicSelector(tuple(dict.fromkeys(names)), None)
+    try:
+        re.compile(str(raw_pat))
+    except re.error as e:
+        raise OptionError(f"option topicPattern={raw_pat!r} is not a valid regex: {e}") from None
+    return TopicSelector(None, str(raw_pat))
+
+
+def get(options: Mapping[str, str], name: str) -> str | None:
+    """The raw value of option `name` (case-insensitive), or None."""
+    return _get(options, name)
