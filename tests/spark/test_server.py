@@ -23,6 +23,26 @@ def _seqs_of_parquet(spark: Any, path: Path) -> list[tuple[str, int]]:
     return sorted((r["topic"], r["seq"]) for r in spark.read.parquet(str(path)).collect())
 
 
+def _available_now_to_parquet(
+    spark: Any, base: str, out: Path, ckpt: Path, **opts: str
+) -> list[tuple[str, int]]:
+    """Run a `Trigger.AvailableNow` stream of the source into Parquet; (topic, seq) of `out`."""
+    rd = spark.readStream.format("topics").option("url", base)
+    for k, v in opts.items():
+        rd = rd.option(k, v)
+    q = (
+        rd.load()
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(ckpt))
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination(180)
+    assert q.exception() is None
+    return _seqs_of_parquet(spark, out) if out.exists() else []
+
+
 def test_server_batch_read_equals_diff(spark: Any, tmp_path: Path) -> None:
     srv = ServerProcess(tmp_path)
     try:
@@ -104,20 +124,7 @@ def test_stream_restarts_from_its_checkpoint_without_loss_or_duplicates(
         with client(srv) as c:
             write(c, "ev", [{"data": {"b": 6, "j": j}} for j in range(50)])
             want = {("ev", r["$seq"]) for r in diff_all(c, "ev")}
-        q = (
-            spark.readStream.format("topics")
-            .option("url", srv.base)
-            .option("topics", "ev")
-            .load()
-            .writeStream.format("parquet")
-            .option("path", str(out))
-            .option("checkpointLocation", str(ckpt))
-            .trigger(availableNow=True)
-            .start()
-        )
-        q.awaitTermination(180)
-        assert q.exception() is None
-        got = _seqs_of_parquet(spark, out)
+        got = _available_now_to_parquet(spark, srv.base, out, ckpt, topics="ev")
         assert len(got) == len(set(got)) == 650  # no duplicate across the restart
         assert set(got) == want  # no loss
         rows = {r["seq"]: orjson.loads(r["data"]) for r in spark.read.parquet(str(out)).collect()}
@@ -215,21 +222,9 @@ def test_stream_from_latest_and_topics_that_appear_later(spark: Any, tmp_path: P
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
 
     def run() -> list[tuple[str, int]]:
-        q = (
-            spark.readStream.format("topics")
-            .option("url", srv.base)
-            .option("topicPattern", r"s\..*")
-            .option("startingSeq", "latest")
-            .load()
-            .writeStream.format("parquet")
-            .option("path", str(out))
-            .option("checkpointLocation", str(ckpt))
-            .trigger(availableNow=True)
-            .start()
+        return _available_now_to_parquet(
+            spark, srv.base, out, ckpt, topicPattern=r"s\..*", startingSeq="latest"
         )
-        q.awaitTermination(180)
-        assert q.exception() is None
-        return _seqs_of_parquet(spark, out) if out.exists() else []
 
     try:
         with client(srv) as c:

@@ -55,7 +55,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import BinaryType, StringType, StructType
 
 from topics.spark import options as opt
-from topics.spark.options import EARLIEST, LATEST, OptionError
+from topics.spark.options import EARLIEST, LATEST, OptionError, SeqSpec
 from topics.spark.segments import (
     DDL_SCHEMA,
     Bounds,
@@ -257,6 +257,23 @@ class _Pushdown:
         return False
 
 
+def _batch_range(options: Mapping[str, str]) -> tuple[SeqSpec, SeqSpec]:
+    """`startingSeq` (default earliest) and `endingSeq` (default latest) of a batch read.
+
+    Raises OptionError for `startingSeq=latest` (streams only) and `endingSeq=earliest`.
+    """
+    starting = opt.parse_seq_spec(options, "startingSeq", EARLIEST)
+    ending = opt.parse_seq_spec(options, "endingSeq", LATEST)
+    if starting.default == LATEST or any(v == LATEST for _, v in starting.per_topic):
+        raise OptionError(
+            "startingSeq=latest is for streaming reads; a batch read needs "
+            "earliest, a seq or a JSON object of seqs"
+        )
+    if ending.default == EARLIEST or any(v == EARLIEST for _, v in ending.per_topic):
+        raise OptionError("endingSeq=earliest is not accepted; use latest, a seq or a JSON object")
+    return starting, ending
+
+
 def _ms_option(options: Mapping[str, str], name: str) -> int | None:
     return opt.parse_int(options, name, None, minimum=0)
 
@@ -269,17 +286,7 @@ class _OfflineReader(DataSourceReader):
         sel = opt.parse_topics(options)
         assert sel is not None
         self.selector = sel
-        self.starting = opt.parse_seq_spec(options, "startingSeq", EARLIEST)
-        self.ending = opt.parse_seq_spec(options, "endingSeq", LATEST)
-        if self.starting.default == LATEST or any(v == LATEST for _, v in self.starting.per_topic):
-            raise OptionError(
-                "startingSeq=latest is for streaming reads; a batch read needs "
-                "earliest, a seq or a JSON object of seqs"
-            )
-        if self.ending.default == EARLIEST or any(v == EARLIEST for _, v in self.ending.per_topic):
-            raise OptionError(
-                "endingSeq=earliest is not accepted; use latest, a seq or a JSON object"
-            )
+        self.starting, self.ending = _batch_range(options)
         self.ts_start = _ms_option(options, "startingTimestamp")
         self.ts_end = _ms_option(options, "endingTimestamp")
         self.batch_rows = opt.parse_int(options, "batchRows", 32768, minimum=1, maximum=1 << 20)
@@ -403,13 +410,7 @@ def _start_cursor(spec: int, state: Mapping[str, Any]) -> int:
 class _ServerBatchReader(DataSourceReader):
     def __init__(self, options: Mapping[str, str], value_format: str) -> None:
         self.o = _ServerOptions(options, value_format)
-        self.starting = opt.parse_seq_spec(options, "startingSeq", EARLIEST)
-        self.ending = opt.parse_seq_spec(options, "endingSeq", LATEST)
-        if self.starting.default == LATEST or any(v == LATEST for _, v in self.starting.per_topic):
-            raise OptionError(
-                "startingSeq=latest is for streaming reads; a batch read needs "
-                "earliest, a seq or a JSON object of seqs"
-            )
+        self.starting, self.ending = _batch_range(options)
 
     def partitions(self) -> Sequence[InputPartition]:
         start: dict[str, int] = {}
