@@ -3,8 +3,8 @@
 Two measurements, one local SparkSession (`local[2]`, `topics.spark.session`):
 
 * **Bulk read.** A real server fills one topic with N records (default 2e6; a
-  JSON object of about 60 B with tag and node; `TOPICS_SEGMENT_MAX_EVENTS`
-  250000, so 8 segments at 2e6) and stops gracefully, so every record is in a
+  JSON object of about 40 B with tag and node; `TOPICS_SEGMENT_MAX_EVENTS`
+  from `--segment-events`, default 250000, so 8 segments at 2e6) and stops gracefully, so every record is in a
   segment. `topics spark-export` writes the same rows to Parquet (timed). Then,
   alternating, each read is materialised with the `noop` sink (every column
   converted): `spark.read.format("topics").option("path", ...)` (checksums
@@ -138,9 +138,9 @@ def timed(fn: Any) -> float:
     return time.perf_counter() - t
 
 
-def bulk(spark: Any, tmp: Path, n: int, repeat: int) -> dict[str, Any]:
+def bulk(spark: Any, tmp: Path, n: int, repeat: int, segment_events: int) -> dict[str, Any]:
     data = tmp / "bulk-data"
-    s = Server(data, tmp / "bulk.log", {"TOPICS_SEGMENT_MAX_EVENTS": "250000"})
+    s = Server(data, tmp / "bulk.log", {"TOPICS_SEGMENT_MAX_EVENTS": str(segment_events)})
     t = time.perf_counter()
     asyncio.run(fill(s.base, n))
     fill_s = time.perf_counter() - t
@@ -308,6 +308,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--records", type=int, default=2_000_000)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument(
+        "--segment-events", type=int, default=250_000, help="TOPICS_SEGMENT_MAX_EVENTS of the fill"
+    )
     ap.add_argument("--stream-seconds", type=float, default=30.0)
     ap.add_argument("--rate", type=float, default=200.0, help="streamed records per second")
     ap.add_argument("--trigger-ms", type=int, nargs="*", default=[0, 100])
@@ -335,7 +338,9 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="topics-bench-spark-") as d:
             if not args.skip_bulk:
                 print(f"filling {args.records:,} records ...", file=sys.stderr)
-                out["bulk"] = b = bulk(spark, Path(d), args.records, args.repeat)
+                out["bulk"] = b = bulk(
+                    spark, Path(d), args.records, args.repeat, args.segment_events
+                )
                 print(
                     f"\n{b['records']:,} records, {b['segments']} segments "
                     f"({b['segment_bytes'] / 1e6:.0f} MB), Parquet {b['parquet_bytes'] / 1e6:.0f} MB "
