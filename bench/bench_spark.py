@@ -4,15 +4,18 @@ Two measurements, one local SparkSession (`local[2]`, `topics.spark.session`):
 
 * **Bulk read.** A real server fills one topic with N records (default 2e6; a
   JSON object of about 40 B with tag and node; `TOPICS_SEGMENT_MAX_EVENTS`
-  from `--segment-events`, default 250000, so 8 segments at 2e6) and stops gracefully, so every record is in a
-  segment. `topics spark-export` writes the same rows to Parquet (timed). Then,
-  alternating, each read is materialised with the `noop` sink (every column
-  converted): `spark.read.format("topics").option("path", ...)` (checksums
-  verified, as always) and `spark.read.parquet(...)`. Best and median rows/s
-  of `--repeat` runs each; the ratio source / Parquet is the issue's target
-  (>= 0.5). A third read, `ceiling`, is a Python source of the same schema
-  that yields one pre-decoded batch over and over (see `ceiling_source`): the
-  most Spark's Python data source path carries here, whatever the decoder.
+  from `--segment-events`, default 250000, so 8 segments at 2e6) and stops
+  gracefully, so every record is in a segment. `topics spark-export` writes
+  the same rows to Parquet (timed). Then, alternating, each read is consumed
+  by `--consumer`: the `noop` sink (default; rows are produced, values need
+  not be touched) or `hash` (the sum of an xxhash64 over all seven columns,
+  so every value is read). The reads: `spark.read.format("topics")
+  .option("path", ...)` (checksums verified, as always) and
+  `spark.read.parquet(...)`. Best and median rows/s of `--repeat` runs each;
+  the ratio source / Parquet is the issue's target (>= 0.5). A third read,
+  `ceiling`, is a Python source of the same schema that yields one
+  pre-decoded batch over and over (see `ceiling_source`): the most Spark's
+  Python data source path carries here, whatever the decoder.
 * **Streaming latency.** A server and a stream query
   (`readStream.format("topics").option("url", ...)`, `processingTime` trigger
   of `--trigger-ms`, `foreachBatch` sink). A writer appends one record every
@@ -138,7 +141,9 @@ def timed(fn: Any) -> float:
     return time.perf_counter() - t
 
 
-def bulk(spark: Any, tmp: Path, n: int, repeat: int, segment_events: int) -> dict[str, Any]:
+def bulk(
+    spark: Any, tmp: Path, n: int, repeat: int, segment_events: int, consumer: str
+) -> dict[str, Any]:
     data = tmp / "bulk-data"
     s = Server(data, tmp / "bulk.log", {"TOPICS_SEGMENT_MAX_EVENTS": str(segment_events)})
     t = time.perf_counter()
@@ -171,22 +176,29 @@ def bulk(spark: Any, tmp: Path, n: int, repeat: int, segment_events: int) -> dic
     export_s = float(export.stdout.rsplit("(", 1)[1].split(" s)")[0])
     pq_bytes = sum(p.stat().st_size for p in pq_dir.glob("*.parquet"))
 
+    from pyspark.sql import functions as F
+
+    def consume(df: Any) -> None:
+        if consumer == "noop":
+            df.write.format("noop").mode("overwrite").save()
+        else:  # "hash": every value of every row is read (a hash over all columns, summed)
+            cols = ("topic", "seq", "ts", "tag", "node", "meta", "data")
+            df.agg(F.sum(F.pmod(F.xxhash64(*cols), F.lit(1_000_003)))).collect()
+
     def read_topics() -> None:
-        spark.read.format("topics").option("path", str(data)).option(
-            "topics", "hist"
-        ).load().write.format("noop").mode("overwrite").save()
+        consume(
+            spark.read.format("topics").option("path", str(data)).option("topics", "hist").load()
+        )
 
     def read_parquet() -> None:
-        spark.read.parquet(str(pq_dir)).write.format("noop").mode("overwrite").save()
+        consume(spark.read.parquet(str(pq_dir)))
 
     spark.dataSource.register(ceiling_source())
 
     def read_ceiling() -> None:
-        spark.read.format("topics_ceiling").option("path", str(data)).option(
-            "topic", "hist"
-        ).option("partitions", str(segments)).option("rows", str(n)).load().write.format(
-            "noop"
-        ).mode("overwrite").save()
+        rd = spark.read.format("topics_ceiling").option("path", str(data))
+        rd = rd.option("topic", "hist").option("partitions", str(segments))
+        consume(rd.option("rows", str(n)).load())
 
     # Same rows on both sides.
     c1 = (
@@ -216,6 +228,7 @@ def bulk(spark: Any, tmp: Path, n: int, repeat: int, segment_events: int) -> dic
 
     out = {
         "records": n,
+        "consumer": consumer,
         "fill_s": round(fill_s, 2),
         "segments": segments,
         "segment_bytes": seg_bytes,
@@ -309,6 +322,12 @@ def main() -> int:
     ap.add_argument("--records", type=int, default=2_000_000)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument(
+        "--consumer",
+        choices=["noop", "hash"],
+        default="noop",
+        help="noop: the noop sink; hash: sum of xxhash64 over every column (reads every value)",
+    )
+    ap.add_argument(
         "--segment-events", type=int, default=250_000, help="TOPICS_SEGMENT_MAX_EVENTS of the fill"
     )
     ap.add_argument("--stream-seconds", type=float, default=30.0)
@@ -339,7 +358,7 @@ def main() -> int:
             if not args.skip_bulk:
                 print(f"filling {args.records:,} records ...", file=sys.stderr)
                 out["bulk"] = b = bulk(
-                    spark, Path(d), args.records, args.repeat, args.segment_events
+                    spark, Path(d), args.records, args.repeat, args.segment_events, args.consumer
                 )
                 print(
                     f"\n{b['records']:,} records, {b['segments']} segments "
