@@ -169,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     tools.add_subcommands(sub)
     args = parser.parse_args(argv)
-    if args.cmd in ("verify", "dump", "spark-export"):
+    if args.cmd in ("verify", "dump", "spark-export", "repair"):
         return tools.run(args)
 
     if args.cmd == "serve":

@@ -111,6 +111,18 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     p.set_defaults(tools_command="spark-export")
 
 
+def _repair_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("data_dir", metavar="DATA_DIR", help="the server's data directory (stopped)")
+    p.add_argument(
+        "--dry-run", action="store_true", help="print the plan and change nothing (exit 1 if any)"
+    )
+    p.set_defaults(tools_command="repair")
+
+
+_REPAIR_HELP = (
+    "salvage a data directory whose WAL is damaged: keep every readable frame, "
+    "quarantine the originals, record the lost seqs as tombstones"
+)
 _EXPORT_HELP = "export topic history from segment files to Parquet (no server, no JVM)"
 _VERIFY_HELP = "check a data directory for corruption (fsck)"
 _DUMP_HELP = "print WAL frames and segment records of a data directory"
@@ -125,6 +137,7 @@ def add_subcommands(subparsers: Any) -> None:
     _verify_args(subparsers.add_parser("verify", help=_VERIFY_HELP, description=_VERIFY_HELP))
     _dump_args(subparsers.add_parser("dump", help=_DUMP_HELP, description=_DUMP_HELP))
     _export_args(subparsers.add_parser("spark-export", help=_EXPORT_HELP, description=_EXPORT_HELP))
+    _repair_args(subparsers.add_parser("repair", help=_REPAIR_HELP, description=_REPAIR_HELP))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -148,8 +161,49 @@ def run(args: argparse.Namespace) -> int:
         )
     if cmd == "spark-export":
         return spark_export(args)
+    if cmd == "repair":
+        return repair(args.data_dir, dry_run=args.dry_run)
     print(f"topics: unknown tools command {cmd!r}", file=sys.stderr)
     return EXIT_USAGE
+
+
+def repair(data_dir: str, *, dry_run: bool = False, fs: Fs | None = None) -> int:
+    """`topics repair DATA_DIR`: salvage WAL damage (docs/FORMATS.md, "Repair").
+
+    Takes the data dir's lock (refuses while a server runs), prints the plan,
+    and unless `dry_run` carries it out. Exit 0: nothing to repair or repaired;
+    1: damage found with `--dry-run`, or damage that cannot be salvaged
+    automatically; 2: not a data directory, or it is in use.
+    """
+    err = _data_dir_error(data_dir)
+    if err is not None:
+        return _usage(err)
+    fs = fs or RealFs()
+    from topics.storage.lock import DataDirLock, DataDirLocked
+    from topics.storage.repair import apply_repair, plan_repair
+
+    try:
+        lock = DataDirLock(data_dir)
+    except DataDirLocked as exc:
+        return _usage(str(exc))
+    try:
+        plan = plan_repair(fs, data_dir)
+        if not plan.shards:
+            print(f"topics repair: {data_dir}: no WAL damage found; nothing to do")
+            return EXIT_OK
+        for line in plan.lines():
+            print(line)
+        if not plan.ok:
+            print("topics repair: some damage cannot be salvaged automatically", file=sys.stderr)
+            return EXIT_CORRUPT
+        if dry_run:
+            print("topics repair: dry run, nothing changed")
+            return EXIT_CORRUPT
+        where = apply_repair(fs, plan)
+        print(f"topics repair: done; the original files are in {where}")
+        return EXIT_OK
+    finally:
+        lock.release()
 
 
 def spark_export(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""Row 4 (WAL level, through recovery): damaged shard bytes end the log at the first bad frame.
+"""Row 4 (WAL level, through recovery): a torn tail is cut; damage refuses, repair salvages.
 
 A clean workload (topics `a` and `d` on shard 0, `b`, `c` on shard 1, fsync class,
 interleaved single-record writes) is stopped without a checkpoint (so the WAL is
@@ -7,14 +7,11 @@ and replay would start after them); then the durable image of shard
 0's log file is edited (``FakeDisk.poke``): a torn tail cut inside the length
 prefix, the header, the payload or the checksum; `frame_len` huge, below the
 minimum or zero; a bit flip in the last frame or in the middle of the log; a
-CRC-valid frame carrying a stale seq. After recovery:
-
-* every frame before the damaged one is intact (records byte-identical);
-* nothing at or after it is served (never skip-and-continue);
-* the other shard is untouched;
-* the damage is reported (RecoveryReport.torn) when it is not plain zeroes;
-* the WAL is writable (new seqs continue at head + 1) and the new writes, and
-  the truncation, survive another power loss.
+CRC-valid frame carrying a stale seq. A tear of the last frame (never made durable) is cut at startup. Damage to a
+frame the log had made durable (bytes before a SyncMark, or in a rotated-out
+file, or a missing file) refuses the start with nothing changed on disk; after
+`topics repair` every other acknowledged record reads back, the unreadable
+seq gets a `corrupt` tombstone, seqs are never reused, and the WAL is writable.
 """
 
 from __future__ import annotations
@@ -27,9 +24,12 @@ import pytest
 
 from tests.support.durable import DATA_DIR, Durable, check_oracle, make_records
 from tests.support.fakedisk import FakeDisk
+from topics.clock import TestClock
+from topics.engine.core import DiffParams
 from topics.storage.frame import APPEND, Frame, encode_append
 from topics.storage.journal import shard_dirs
-from topics.storage.wal import scan_shard
+from topics.storage.repair import apply_repair, plan_repair
+from topics.storage.wal import WalDamage, scan_shard
 
 ROUNDS = 5
 
@@ -157,56 +157,118 @@ def _after(h: Durable) -> None:
 
 @pytest.mark.parametrize("tear", list(TAIL_TEARS))
 def test_torn_last_frame_is_truncated_never_misread(tear: str) -> None:
+    """A write in flight at the crash (past the last SyncMark) is torn: it is cut,
+    its bytes kept aside, and every acknowledged record is still there."""
     disk, h, path, frames = _build()
     with h:
-        last = len(frames) - 1
-        _apply(disk, path, frames[last], frames[last - 1], TAIL_TEARS[tear])
+        d = posixpath.dirname(path)
+        end = scan_shard(disk, d).end_offset
+        a = next(f for f in reversed(frames) if f.type == APPEND)
+        inflight = encode_append(
+            a.topic_id, a.seq + 1, a.ts, None, None, b'"never acked"', None, durable=True
+        )
+        fr = Frame(APPEND, 0, a.topic_id, a.seq + 1, a.ts, None, None, b"", end, len(inflight))
+        at, data = TAIL_TEARS[tear](fr, None)
+        disk.crash()
+        disk.poke(path, end, inflight)
+        disk.poke(path, at, data)
+        disk.recover()
         h.reopen()
-        _check(h, frames, last, tear, reported=True)
+        _check(h, frames, len(frames), tear, reported=True)
+        kept = [n for n in disk.listdir(d) if ".torn-" in n]
+        assert kept == [f"{posixpath.basename(path)}.torn-{end}"]
         _after(h)
         h.close()
 
 
-@pytest.mark.parametrize("damage", list(MIDLOG))
+def _acked(frames: list[Frame]) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for f in frames:
+        if f.type == APPEND:
+            out.setdefault(f.topic_id, []).append(f.seq)
+    return out
+
+
+def _refuses_unchanged(h: Durable, disk: FakeDisk) -> WalDamage:
+    image = disk.snapshot_durable()
+    with pytest.raises(WalDamage) as ei:
+        h.reopen()
+    assert disk.snapshot_durable() == image, "a refused start changed the disk"
+    return ei.value
+
+
+def _repair(disk: FakeDisk) -> None:
+    plan = plan_repair(disk, DATA_DIR)
+    assert plan.shards and plan.ok, plan.lines()
+    apply_repair(disk, plan, clock=TestClock(1_700_000_000_000))
+
+
+def _check_salvage(h: Durable, frames: list[Frame], victim: Frame, name: str) -> None:
+    """Every acked record but the victim reads back; reads across it get a tombstone."""
+    eng = h.eng()
+    by_id = {t.topic_id: t for t in eng.topics.values()}
+    for tid, seqs in _acked(frames).items():
+        t = by_id[tid]
+        got = [r["$seq"] for r in h.read_all(t.name) or []]
+        want = [s for s in seqs if (tid, s) != (victim.topic_id, victim.seq)]
+        assert got == want, f"{name}: {t.name}"
+        assert t.head_seq >= max(seqs), "a seq could be handed out twice"
+    t = by_id[victim.topic_id]
+    lost = [(a, b) for a, b in t.lost if a <= victim.seq <= b]
+    assert lost, f"{name}: the unreadable seq is not recorded as lost"
+    _t, r = eng.diff(t.name, DiffParams(victim.seq - 1, 1000, None, False, True, 0, 1 << 20))
+    assert r.tombstone is not None and r.tombstone.reason == "corrupt"
+    assert r.tombstone.gap_from == victim.seq and r.tombstone.gap_to == lost[0][1]
+    # The other shard is untouched.
+    assert len(h.read_all("b") or []) == ROUNDS
+    assert len(h.read_all("c") or []) == ROUNDS
+
+
+@pytest.mark.parametrize("damage", [d for d in MIDLOG if d != "stale-seq"])
 @pytest.mark.parametrize("where", ["tail", "mid"])
-def test_damaged_frame_ends_the_log_there(damage: str, where: str) -> None:
+def test_damaged_frame_refuses_to_start_then_repair_salvages(damage: str, where: str) -> None:
     disk, h, path, frames = _build()
     with h:
         appends = [i for i, f in enumerate(frames) if f.type == APPEND]
         i = appends[-1] if where == "tail" else appends[len(appends) // 2]
-        _apply(disk, path, frames[i], frames[i - 1], MIDLOG[damage])
+        victim = frames[i]
+        _apply(disk, path, victim, frames[i - 1], MIDLOG[damage])
+        err = _refuses_unchanged(h, disk)
+        assert posixpath.basename(path) in str(err) and f"[{victim.offset}, " in str(err)
+        _repair(disk)
         h.reopen()
-        if damage == "stale-seq":
-            # A CRC-valid frame with an already-applied seq is skipped, never applied
-            # twice; the seq it displaced becomes a silent hole; later frames stay.
-            eng = h.eng()
-            t = next(t for t in eng.topics.values() if t.topic_id == frames[i].topic_id)
-            seqs = [r["$seq"] for r in h.read_all(t.name) or []]
-            assert frames[i].seq not in seqs and len(seqs) == len(set(seqs))
-            errs = [
-                e for e in check_oracle(h, context=damage) if "lost" not in e and "gap:" not in e
-            ]
-            assert not errs, "\n".join(errs)
-        else:
-            _check(h, frames, i, f"{damage}@{where}", reported=damage != "len-zero")
+        _check_salvage(h, frames, victim, f"{damage}@{where}")
+        # The salvage and the tombstone survive a restart and a checkpoint.
+        h.checkpoint()
+        h.crash_and_recover()
+        _check_salvage(h, frames, victim, f"{damage}@{where} after restart")
         _after(h)
         h.close()
 
 
-def test_midlog_zeroed_frame_loss_is_reported() -> None:
+def test_stale_seq_frame_is_skipped_never_applied_twice() -> None:
     disk, h, path, frames = _build()
     with h:
         appends = [i for i, f in enumerate(frames) if f.type == APPEND]
         i = appends[len(appends) // 2]
-        _apply(disk, path, frames[i], frames[i - 1], _set_len(0))
+        _apply(disk, path, frames[i], frames[i - 1], _stale_seq)
         h.reopen()
-        assert h.report is not None and h.report.torn, "valid frames after the end, unreported"
+        # A CRC-valid frame with an already-applied seq is skipped, never applied
+        # twice; the seq it displaced becomes a silent hole; later frames stay.
+        eng = h.eng()
+        t = next(t for t in eng.topics.values() if t.topic_id == frames[i].topic_id)
+        seqs = [r["$seq"] for r in h.read_all(t.name) or []]
+        assert frames[i].seq not in seqs and len(seqs) == len(set(seqs))
+        errs = [e for e in check_oracle(h, context="stale") if "lost" not in e and "gap:" not in e]
+        assert not errs, "\n".join(errs)
+        _after(h)
         h.close()
 
 
-def test_damage_in_an_older_file_ends_the_log_there_and_drops_later_files() -> None:
-    """A bit flip in a rotated-out (fully synced) file: replay stops at that frame,
-    the later files are removed (explicit, reported loss), the log stays writable."""
+def test_damage_in_an_older_file_refuses_keeps_every_file_and_repair_salvages() -> None:
+    """A bit flip in a rotated-out (fully synced) file: the start is refused with
+    every file kept; after repair every other record (before and after the
+    damage, in later files too) reads back and the log stays writable."""
     disk = FakeDisk()
     with Durable(disk, shards=1, file_bytes=1024) as h:
         h.open()
@@ -225,12 +287,39 @@ def test_damage_in_an_older_file_ends_the_log_there_and_drops_later_files() -> N
         victim = frames_by_file[victim_file][1]
         path = posixpath.join(d, victim_file)
         _apply(disk, path, victim, None, MIDLOG["bit-flip-payload"])
+        _refuses_unchanged(h, disk)
+        assert sorted(n for n in disk.listdir(d) if n.startswith("wal-")) == files
+        _repair(disk)
         h.reopen()
-        assert h.report is not None and h.report.torn
-        keep = [fr.seq for name, fr in first.frames if fr.type == APPEND]
-        cut = keep.index(victim.seq)
-        assert [r["$seq"] for r in h.read_all("a") or []] == keep[:cut]
-        assert sorted(n for n in disk.listdir(d) if n.startswith("wal-")) == files[:2]
+        keep = [fr.seq for _name, fr in first.frames if fr.type == APPEND]
+        assert [r["$seq"] for r in h.read_all("a") or []] == [s for s in keep if s != victim.seq]
+        assert h.eng().require("a").lost == [(victim.seq, victim.seq)]
+        _after_single(h)
+        h.close()
+
+
+def test_missing_middle_file_refuses_and_repair_records_the_gap() -> None:
+    disk = FakeDisk()
+    with Durable(disk, shards=1, file_bytes=1024) as h:
+        h.open()
+        assert h.put_topic("a", {"durability": "fsync"})
+        for i in range(24):
+            assert h.write("a", make_records(f"a{i}", 1, size=100)).ok
+        h.shutdown()
+        d = shard_dirs(DATA_DIR, 1)[0]
+        files = sorted(n for n in disk.listdir(d) if n.startswith("wal-"))
+        first = scan_shard(disk, d)
+        gone = {fr.seq for name, fr in first.frames if name == files[1] and fr.type == APPEND}
+        disk.crash()
+        disk.recover()
+        disk.unlink(posixpath.join(d, files[1]))
+        disk.fsync_dir(d)
+        _refuses_unchanged(h, disk)
+        _repair(disk)
+        h.reopen()
+        keep = [fr.seq for _n, fr in first.frames if fr.type == APPEND and fr.seq not in gone]
+        assert [r["$seq"] for r in h.read_all("a") or []] == keep
+        assert h.eng().require("a").lost == [(min(gone), max(gone))]
         _after_single(h)
         h.close()
 

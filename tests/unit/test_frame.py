@@ -94,9 +94,11 @@ def test_constants_match_formats_md() -> None:
         F.CONFIG_UPDATE,
         F.LEASE,
         F.HEAD_WATERMARK,
-    ] == list(range(1, 12))
-    assert F.FRAME_TYPES == frozenset(range(1, 12))
-    assert F.CONTROL_TYPES == frozenset(range(2, 12))
+        F.SYNC_MARK,
+        F.LOST,
+    ] == list(range(1, 14))
+    assert F.FRAME_TYPES == frozenset(range(1, 14))
+    assert F.CONTROL_TYPES == frozenset(range(2, 14))
     assert (F.F_HAS_TAG, F.F_HAS_NODE, F.F_DURABLE, F.F_HAS_META) == (1, 2, 4, 8)
     assert F.checksum(b"abc") == xxhash.xxh3_64_intdigest(b"abc", seed=0)
 
@@ -318,7 +320,7 @@ def test_encode_rejects_out_of_range_fields(kwargs: dict[str, Any]) -> None:
 
 
 def test_encode_rejects_bad_types_and_bodies() -> None:
-    for t in (0, 12, 255, -1):
+    for t in (0, 14, 255, -1):
         with pytest.raises(FrameError):
             F.encode_frame(t, 0, 0, 0, b"")
     with pytest.raises(FrameError):
@@ -437,7 +439,7 @@ def test_frame_len_larger_than_lengths_with_bytes_available() -> None:
     assert F.decode_frame(bytes(b)) == Torn(0, F.TORN_LENGTHS)
 
 
-@pytest.mark.parametrize("typ", [0, 12, 13, 127, 255])
+@pytest.mark.parametrize("typ", [0, 14, 15, 127, 255])
 def test_unknown_type_with_valid_checksum(typ: int) -> None:
     assert F.decode_frame(raw_frame(typ, 0, b"", b"", b"\x80")) == Torn(0, F.TORN_TYPE)
 

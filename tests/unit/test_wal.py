@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from topics.storage.frame import APPEND, encode_append
+from topics.storage.frame import APPEND, Frame, encode_append
 from topics.storage.fs import RealFile, RealFs
-from topics.storage.wal import WalEntry, WalFull, WalReadOnly, WalShard, scan_shard
+from topics.storage.wal import WalDamage, WalEntry, WalFull, WalReadOnly, WalShard, scan_shard
 
 FILE = 64 * 1024
 
@@ -60,7 +60,9 @@ def test_submit_write_sync_and_scan(tmp_path: Path) -> None:
     assert shard.metrics.frames == 5 and shard.metrics.fsyncs >= 1
     scan = scan_shard(RealFs(), d)
     assert [f.seq for _, f in scan.frames] == [1, 2, 3, 4, 5]
-    assert scan.torn is None and scan.next_index == 5
+    # Five entries plus the SyncMarks written after each sync that made bytes durable.
+    assert scan.torn is None and scan.next_index == 5 + shard.metrics.sync_marks
+    assert scan.mark > 0
     assert (tmp_path / "wal" / "CURRENT").read_text().strip() == scan.end_file
     assert all(f.type == APPEND for _, f in scan.frames)
 
@@ -97,32 +99,104 @@ def test_rotation_and_reopen_continue_the_log(tmp_path: Path) -> None:
     w2.wait(1)
     shard2.close()
     assert [f.seq for _, f in scan_shard(RealFs(), d).frames] == list(range(1, 102))
-    assert w2.done[0][0].index == 100
+    assert w2.done[0][0].index == found.next_index
 
 
-def test_torn_tail_is_zeroed_and_later_files_removed(tmp_path: Path) -> None:
-    d = tmp_path / "w"
+def _three(d: Path, *, sync: bool = True) -> list[Frame]:
     shard, _ = WalShard.open(RealFs(), str(d), file_bytes=FILE)
     w = Waiter()
     for s in range(1, 4):
-        shard.submit(WalEntry(rec(s), 1, sync=True, done=w.cb))
+        shard.submit(WalEntry(rec(s), 1, sync=sync, done=w.cb))
     w.wait(3)
     shard.close()
+    return [f for _, f in scan_shard(RealFs(), str(d)).frames]
+
+
+def _flip(path: Path, at: int) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[at] ^= 0xFF
+    path.write_bytes(bytes(raw))
+
+
+def test_damage_before_the_sync_mark_refuses_and_changes_nothing(tmp_path: Path) -> None:
+    d = tmp_path / "w"
+    frames = _three(d)
     log = sorted(d.glob("wal-*.log"))[0]
+    _flip(log, frames[2].offset + 20)  # the last record: synced, so a mark follows it
+    before = {p.name: p.read_bytes() for p in d.iterdir()}
+    with pytest.raises(WalDamage) as ei:
+        WalShard.open(RealFs(), str(d), file_bytes=FILE)
+    msg = str(ei.value)
+    assert log.name in msg and f"[{frames[2].offset}, " in msg and "seqs" in msg
+    assert ei.value.damage[0].start == frames[2].offset
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == before  # nothing changed
+
+
+def test_damage_in_the_middle_names_the_seqs_at_risk(tmp_path: Path) -> None:
+    d = tmp_path / "w"
+    frames = _three(d)
+    _flip(sorted(d.glob("wal-*.log"))[0], frames[1].offset + 40)
+    found = scan_shard(RealFs(), str(d))
+    assert found.torn is None and len(found.damage) == 1
+    dmg = found.damage[0]
+    assert (dmg.start, dmg.end) == (frames[1].offset, frames[2].offset)
+    assert dmg.before == {7: 1} and dmg.after == {7: 3} and dmg.valid_after >= 1
+    assert "seqs 2..2" in dmg.at_risk()
+    # The valid frames on both sides of the damage are read.
+    assert [f.seq for _, f in found.frames] == [1, 3]
+
+
+def test_torn_tail_past_the_mark_is_cut_after_keeping_its_bytes(tmp_path: Path) -> None:
+    d = tmp_path / "w"
+    frames = _three(d)
+    log = sorted(d.glob("wal-*.log"))[0]
+    # A write in flight at the crash: a frame after the last mark, half written.
+    found = scan_shard(RealFs(), str(d))
+    end = found.end_offset
+    torn = rec(4)[:30]
     raw = bytearray(log.read_bytes())
-    third = scan_shard(RealFs(), str(d)).frames[2][1]
-    raw[third.offset + 20] ^= 0xFF  # corrupt the last frame
+    raw[end : end + len(torn)] = torn
     log.write_bytes(bytes(raw))
-    (d / "wal-0000000000009999.log").write_bytes(rec(99))  # a file after the end
     shard2, found = WalShard.open(RealFs(), str(d), file_bytes=FILE)
-    assert [f.seq for _, f in found.frames] == [1, 2] and found.torn is not None
-    assert not (d / "wal-0000000000009999.log").exists()
+    assert [f.seq for _, f in found.frames] == [1, 2, 3] and found.torn is not None
+    aside = d / f"{log.name}.torn-{end}"
+    assert aside.read_bytes() == torn.rstrip(b"\0")  # the bytes up to the last non-zero one
     w2 = Waiter()
-    shard2.submit(WalEntry(rec(3), 1, sync=True, done=w2.cb))
+    shard2.submit(WalEntry(rec(4), 1, sync=True, done=w2.cb))
     w2.wait(1)
     shard2.close()
     again = scan_shard(RealFs(), str(d))
-    assert [f.seq for _, f in again.frames] == [1, 2, 3] and again.torn is None
+    assert [f.seq for _, f in again.frames] == [1, 2, 3, 4] and again.torn is None
+    assert frames[0].seq == 1
+
+
+def test_damage_in_an_older_file_and_a_missing_file_refuse(tmp_path: Path) -> None:
+    d = tmp_path / "w"
+    shard, _ = WalShard.open(RealFs(), str(d), file_bytes=1024)
+    w = Waiter()
+    for s in range(1, 40):
+        shard.submit(WalEntry(rec(s), 1, sync=True, done=w.cb))
+    w.wait(39)
+    shard.close()
+    files = sorted(d.glob("wal-*.log"))
+    assert len(files) >= 3
+    # A flip in a rotated-out file: valid frames follow in later files.
+    first = [f for n, f in scan_shard(RealFs(), str(d)).frames if n == files[0].name]
+    saved = files[0].read_bytes()
+    _flip(files[0], first[1].offset + 45)
+    with pytest.raises(WalDamage):
+        WalShard.open(RealFs(), str(d), file_bytes=1024)
+    assert sorted(d.glob("wal-*.log")) == files
+    files[0].write_bytes(saved)
+    # A missing middle file is a gap in frame indexes.
+    middle = files[1].read_bytes()
+    files[1].unlink()
+    found = scan_shard(RealFs(), str(d))
+    assert found.damage and "missing" in found.damage[0].reason
+    with pytest.raises(WalDamage):
+        WalShard.open(RealFs(), str(d), file_bytes=1024)
+    files[1].write_bytes(middle)
+    assert not scan_shard(RealFs(), str(d)).damage
 
 
 def test_queue_full_refuses_without_queueing(tmp_path: Path) -> None:

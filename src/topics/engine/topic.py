@@ -221,6 +221,9 @@ class Topic:
         self.l_ttl = 0
         self.l_trim = 0
         self.delete_below = 0
+        # Seq ranges `(first, last)` that storage damage destroyed (set by recovery
+        # after `topics repair`): reads across them get a `corrupt` tombstone.
+        self.lost: list[tuple[int, int]] = []
         self.live_count = 0
         self.live_bytes = 0
         self.pending_count = 0
@@ -652,6 +655,26 @@ class Topic:
         if head > self.head_seq and not self.pending:
             self.append_holes(head - self.head_seq, ts)
 
+    def mark_lost(self, first: int, last: int, ts: int) -> None:
+        """Record that seqs `first..last` were destroyed by storage damage.
+
+        The head is raised past them (holes), so they are never handed out
+        again, and a read whose cursor reaches them gets a tombstone with
+        reason `corrupt` for the range (docs/FORMATS.md, "Repair").
+        """
+        if last < first or last < 1:
+            return
+        first = max(first, 1)
+        if last > self.head_seq and not self.pending:
+            self.append_holes(last - self.head_seq, ts)
+        merged: list[tuple[int, int]] = []
+        for a, b in sorted([*self.lost, (first, last)]):
+            if merged and a <= merged[-1][1] + 1:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+            else:
+                merged.append((a, b))
+        self.lost = merged
+
     def source_trim(self, n: int, ts: int) -> None:
         """Record `n` seqs a router could not derive (its source lost them).
 
@@ -716,6 +739,19 @@ class Topic:
                 from_seq + 1, F - 1, self.reason_for(from_seq + 1), F - 1 - from_seq, F, H
             )
             cur = max(E - 1, from_seq)
+        stop = H  # the loop reads up to here: just before the next lost range
+        for lo, hi in self.lost:
+            if hi <= cur or hi < F:
+                continue
+            if lo <= cur + 1:
+                if tomb is None:
+                    tomb = Tombstone(cur + 1, hi, "corrupt", hi - cur, E, H)
+                    cur = hi
+                    continue
+                stop = min(stop, cur)
+            else:
+                stop = min(stop, lo - 1)
+            break
         idx = self.index
         base = idx.base_seq
         nxt = cur
@@ -735,9 +771,9 @@ class Topic:
         scanned = 0
         sources = self.sources
         node_json = self._nodes.json_by_bytes
-        while len(out) < limit and nxt < H:
+        while len(out) < limit and nxt < stop:
             pos = nxt + 1 - base
-            count = min(H - nxt, READ_CHUNK)
+            count = min(stop - nxt, READ_CHUNK)
             w = idx.window(pos, count)
             flags = w["flags"]
             skip = flags == DELETED

@@ -7,7 +7,7 @@ WAL frame (one per record, or per control operation)::
 
     off  size      field
     0    4         frame_len u32   bytes after this field: 34 + node_len + tag_len + data_len + 8
-    4    1         type      u8    1 Append .. 11 HeadWatermark (FRAME_TYPES)
+    4    1         type      u8    1 Append .. 13 Lost (FRAME_TYPES)
     5    1         flags     u8    bit0 has_tag, bit1 has_node, bit2 durable, bit3 has_meta
     6    8         topic_id  u64
     14   8         seq       u64
@@ -70,6 +70,8 @@ __all__ = [
     "CONFIG_UPDATE",
     "LEASE",
     "HEAD_WATERMARK",
+    "SYNC_MARK",
+    "LOST",
     "FRAME_TYPES",
     "CONTROL_TYPES",
     "TYPE_NAMES",
@@ -118,6 +120,7 @@ __all__ = [
     "WAL_COLS_DTYPE",
     "ColumnScan",
     "scan_columns",
+    "find_next_frame",
 ]
 
 # -- frame types ---------------------------------------------------------------
@@ -133,6 +136,10 @@ CHECKPOINT_MARK = 8
 CONFIG_UPDATE = 9
 LEASE = 10
 HEAD_WATERMARK = 11
+#: ours: the writer's record that the bytes of this file before `synced` were durable
+SYNC_MARK = 12
+#: ours: written by `topics repair` in place of bytes that could not be read
+LOST = 13
 
 TYPE_NAMES: dict[int, str] = {
     APPEND: "Append",
@@ -146,6 +153,8 @@ TYPE_NAMES: dict[int, str] = {
     CONFIG_UPDATE: "ConfigUpdate",
     LEASE: "Lease",
     HEAD_WATERMARK: "HeadWatermark",
+    SYNC_MARK: "SyncMark",
+    LOST: "Lost",
 }
 #: Every known type byte.
 FRAME_TYPES: frozenset[int] = frozenset(TYPE_NAMES)
@@ -517,7 +526,7 @@ def encode_control(
     ts: int = 0,
     durable: bool = False,
 ) -> bytes:
-    """One control frame (types 2-11) whose payload is `body` as a msgpack map.
+    """One control frame (types 2-13) whose payload is `body` as a msgpack map.
 
     `topic_id` is 0 when the operation is not about one topic; `seq` is 0 except
     for Lease (the job seq) and HeadWatermark (the reserved head). Raises
@@ -802,6 +811,60 @@ def _scan_columns(mv: memoryview, start: int) -> ColumnScan:
     if isinstance(r, Frame):  # pragma: no cover - the two decoders disagree
         raise AssertionError(f"scan_columns stopped before a valid frame at {off}")
     return ColumnScan(cols, off, r if isinstance(r, Torn) else None)
+
+
+_RESYNC_WINDOW = 1 << 22
+
+
+def find_next_frame(buf: Buf, start: int, stop: int | None = None) -> int | None:
+    """The offset of the first valid WAL frame starting in `[start, stop)`, or None.
+
+    Used after an invalid frame to find out whether valid frames follow it (a
+    torn tail has none; damage usually has). Candidates are filtered in numpy
+    windows (a plausible `frame_len`, a known type, lengths that add up) and
+    each survivor is decoded in full, checksum included. Never raises.
+    """
+    try:
+        mv = _view(buf)
+        n = len(mv)
+        stop = n if stop is None else min(stop, n)
+        a = np.frombuffer(mv, np.uint8)
+        lo = max(start, 0)
+        while lo < stop:
+            hi = min(lo + _RESYNC_WINDOW, stop)
+            # A header is 38 bytes: candidates need them all inside the buffer.
+            top = min(hi, n - HEADER.size + 1)
+            if top <= lo:
+                return None
+            p = np.arange(lo, top, dtype=np.int64)
+            t = a[p + 4]
+            p = p[(t >= APPEND) & (t <= HEADER_TYPE_MAX)]
+            if len(p):
+                fl = (
+                    a[p].astype(np.int64)
+                    | (a[p + 1].astype(np.int64) << 8)
+                    | (a[p + 2].astype(np.int64) << 16)
+                    | (a[p + 3].astype(np.int64) << 24)
+                )
+                keep = (fl >= MIN_FRAME_LEN) & (fl <= n - p - 4)
+                p, fl = p[keep], fl[keep]
+            if len(p):
+                nl = a[p + 30].astype(np.int64) | (a[p + 31].astype(np.int64) << 8)
+                tl = a[p + 32].astype(np.int64) | (a[p + 33].astype(np.int64) << 8)
+                dl = (
+                    a[p + 34].astype(np.int64)
+                    | (a[p + 35].astype(np.int64) << 8)
+                    | (a[p + 36].astype(np.int64) << 16)
+                    | (a[p + 37].astype(np.int64) << 24)
+                )
+                p = p[_FIXED + nl + tl + dl + _CRC == fl]
+            for off in p.tolist():
+                if isinstance(_safe(mv, off, False), Frame):
+                    return int(off)
+            lo = hi
+        return None
+    except Exception:  # pragma: no cover - the contract is "never raise"
+        return None
 
 
 def _iter(buf: Buf, start: int, seg: bool) -> Iterator[Frame]:

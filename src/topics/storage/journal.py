@@ -171,13 +171,13 @@ class WalJournal:
             return
         data = pw.frames
         shard = self._shard(t.topic_id)
-        if len(data) + 128 > shard.file_bytes:
+        if len(data) + 128 > shard.capacity:
             # A write is one WAL entry and entries never span files: refuse it before
             # anything is acknowledged.
             raise TopicsError(
                 413,
                 "payload_too_large",
-                f"the batch is {len(data)} bytes in the log; one WAL file holds {shard.file_bytes}",
+                f"the batch is {len(data)} bytes in the log; one WAL file holds {shard.capacity}",
             )
         frames = len(pw.records)
         sync = cls == "fsync"
@@ -280,7 +280,7 @@ class WalJournal:
             groups: list[list[bytes]] = [[]]
             size = 0
             for c in chunks:
-                if groups[-1] and size + len(c) > shard.file_bytes:
+                if groups[-1] and size + len(c) > shard.capacity:
                     groups.append([])
                     size = 0
                 groups[-1].append(c)

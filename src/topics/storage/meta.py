@@ -90,6 +90,7 @@ def topic_meta(t: Topic, reserved: int) -> dict[str, Any]:
         "l_ttl": t.l_ttl,
         "l_trim": t.l_trim,
         "delete_below": t.delete_below,
+        "lost": [list(r) for r in t.lost],
         "last_write_ms": t.last_write_ms,
         "last_read_ms": t.last_read_ms,
         "ckpt": t.ckpt_seq,
@@ -149,6 +150,7 @@ def restore_topic(engine: Engine, m: dict[str, Any]) -> Topic:
     t.l_ttl = int(m.get("l_ttl", 0))
     t.l_trim = int(m.get("l_trim", 0))
     t.delete_below = int(m.get("delete_below", 0))
+    t.lost = [(int(a), int(b)) for a, b in m.get("lost") or []]
     lw, lr = m.get("last_write_ms"), m.get("last_read_ms")
     t.last_write_ms = int(lw) if lw is not None else None
     t.last_read_ms = int(lr) if lr is not None else None

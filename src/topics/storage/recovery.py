@@ -2,11 +2,12 @@
 
 Order of work:
 
-1. (worker thread) load the newest valid metadata snapshot; open every shard of
-   the current layout from the position the snapshot names (repairing each torn
-   tail: zeroed from the first invalid frame, later files removed) and scan any
-   shard directory left over from a different shard count (read-only); load
-   every topic directory's segments (`.idx` in bulk, the active segment resumed).
+1. (worker thread) load the newest valid metadata snapshot; scan every shard
+   directory (read-only) from the position the snapshot names and refuse to
+   start on damage (docs/FORMATS.md, "Torn tail or damage"); load every topic
+   directory's segments (`.idx` in bulk, the active segment resumed); then open
+   the shards of the current layout (cutting each torn tail after keeping its
+   bytes aside).
 2. (event loop) register the snapshot's topics and attach their segments; then
    replay the WAL frames logged after the snapshot, per topic in log order:
    appends in bulk (seqs at or below the head are skipped, jumps are padded
@@ -57,8 +58,10 @@ from topics.storage.frame import (
     EVICT_WATERMARK,
     HEAD_WATERMARK,
     LEASE,
+    LOST,
     ROUTER_CREATE,
     ROUTER_DELETE,
+    SYNC_MARK,
     TOPIC_CREATE,
     TOPIC_DELETE,
     Frame,
@@ -70,7 +73,14 @@ from topics.storage.journal import shard_dirs, shard_of
 from topics.storage.meta import restore_topic
 from topics.storage.snapshot import load_latest
 from topics.storage.topicstore import LoadedTopic, TopicStore, load_topic
-from topics.storage.wal import ScannedFile, ShardScan, WalPosition, WalShard, scan_shard
+from topics.storage.wal import (
+    ScannedFile,
+    ShardScan,
+    WalDamage,
+    WalPosition,
+    WalShard,
+    scan_shard,
+)
 
 __all__ = ["recover", "recover_async", "RecoveryReport", "load_data_dir", "replay"]
 
@@ -161,17 +171,22 @@ def load_data_dir(
     scans: list[ShardScan] = []
     shards: list[WalShard] = []
     leftovers: list[str] = []
+    # Every shard is scanned (read-only) before anything on disk changes: damage in
+    # any of them stops the start with the directory exactly as it was.
+    for d in layout:
+        scans.append(scan_shard(fs, d, positions.get(posixpath.normpath(d))))
+    for d in _existing_shard_dirs(fs, data_dir):
+        if d not in layout:
+            scans.append(scan_shard(fs, d, positions.get(posixpath.normpath(d))))
+            leftovers.append(d)
+    for sc in scans:
+        if sc.damage:
+            raise WalDamage(sc.dir, sc.damage)
     try:
-        for d in layout:
-            shard, sc = WalShard.open(fs, d, positions.get(posixpath.normpath(d)), **shard_kw)
-            shards.append(shard)
-            scans.append(sc)
-        for d in _existing_shard_dirs(fs, data_dir):
-            if d not in layout:
-                scans.append(scan_shard(fs, d, positions.get(posixpath.normpath(d))))
-                leftovers.append(d)
         ids = set(_topic_ids(fs, data_dir)) | (set(_topic_ids(fs, cold_dir)) if cold_dir else set())
         topics = {tid: load_topic(fs, data_dir, tid, cold_dir) for tid in sorted(ids)}
+        for sc in scans[: len(layout)]:
+            shards.append(WalShard.open_scanned(fs, sc, **shard_kw))
     except BaseException:
         for sh in shards:
             sh.close()
@@ -520,7 +535,18 @@ def _apply_frame(ctx: _Ctx, tid: int, fr: Frame, f: ScannedFile | None) -> None:
         r = ctx.reserved
         r[tid] = fr.seq if exact else max(r.get(tid, 0), fr.seq)
         return
-    if fr.type == CHECKPOINT_MARK:
+    if fr.type in (CHECKPOINT_MARK, SYNC_MARK):
+        return
+    if fr.type == LOST:
+        # Written by `topics repair`: seqs of this topic that damage destroyed.
+        t = ctx.by_id.get(tid)
+        try:
+            body = fr.control()
+            first, last = int(body["first"]), int(body["last"])
+        except (FrameError, KeyError, TypeError, ValueError):
+            return
+        if t is not None and t.alive:
+            t.mark_lost(first, last, fr.ts)
         return
     _apply_control(ctx, tid, fr)
 

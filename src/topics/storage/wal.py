@@ -47,7 +47,21 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from topics.storage.frame import APPEND, F_BATCH_MORE, End, Frame, Torn, decode_frame, scan_columns
+from topics.storage.frame import (
+    APPEND,
+    F_BATCH_MORE,
+    LOST,
+    SYNC_MARK,
+    WAL_COLS_DTYPE,
+    End,
+    Frame,
+    FrameError,
+    Torn,
+    decode_frame,
+    encode_control,
+    find_next_frame,
+    scan_columns,
+)
 from topics.storage.fs import File, Fs, write_all
 
 __all__ = [
@@ -55,6 +69,8 @@ __all__ = [
     "WalEntry",
     "WalFull",
     "WalReadOnly",
+    "WalDamage",
+    "Damage",
     "ShardScan",
     "ScannedFile",
     "WalPosition",
@@ -70,6 +86,8 @@ DEFAULT_QUEUE_MAX = 4096
 DEFAULT_SYNC_INTERVAL_S = 0.005
 MAX_BATCH_BYTES = 8 * 1024 * 1024
 _ZERO_CHUNK = bytes(1 << 20)
+# The largest SyncMark frame: room for one is kept free at the end of every file.
+_MARK_ROOM = len(encode_control(SYNC_MARK, 0, {"synced": (1 << 64) - 1}))
 
 
 class WalFull(Exception):
@@ -126,6 +144,7 @@ class WalMetrics:
     fsyncs: int = 0
     bytes_written: int = 0
     rotations: int = 0
+    sync_marks: int = 0
     submit_full: int = 0
     queue_depth_peak: int = 0
     fsync_micros_total: int = 0
@@ -147,10 +166,10 @@ class WalMetrics:
 class ScannedFile:
     """One WAL file as recovery read it.
 
-    `buf` holds the file's bytes (the valid prefix only, when that is much
+    `buf` holds the file's bytes (the used prefix only, when that is much
     shorter than the file); `cols` has one WAL_COLS_DTYPE row per valid frame
-    from where the scan started in this file; `first_index` is the shard-wide
-    index of `cols[0]`.
+    of the log from where the scan started in this file; `first_index` is the
+    shard-wide index of `cols[0]`.
     """
 
     name: str
@@ -159,13 +178,84 @@ class ScannedFile:
     first_index: int
 
 
+@dataclass(frozen=True, slots=True)
+class Damage:
+    """Bytes of a shard's log that fail validation and are not a torn tail.
+
+    `file`/`start`/`end`: the byte range `[start, end)` of the file that no
+    valid frame covers; `reason` says why (a decoder `TORN_*` reason, a missing
+    file, an incomplete write); `valid_after` counts the valid frames of the
+    shard after it; `before`/`after` map topic id -> the last Append seq seen
+    before the range and the first seen after it (the seqs at risk lie between).
+    See docs/FORMATS.md, "Torn tail or damage".
+    """
+
+    file: str
+    start: int
+    end: int
+    reason: str
+    valid_after: int
+    before: dict[int, int]
+    after: dict[int, int]
+    index: int = -1  # for missing frames: the first missing frame index
+    frames: int = 1  # frame indexes the range stands for (what a repair filler must keep)
+
+    def at_risk(self, limit: int = 4) -> str:
+        """The seq ranges at risk, one `topic <id hex> seqs a..b` clause per topic."""
+        parts: list[str] = []
+        for tid in sorted(set(self.before) | set(self.after)):
+            lo = self.before.get(tid)
+            hi = self.after.get(tid)
+            if lo is not None and hi is not None:
+                if hi <= lo + 1:
+                    continue
+                parts.append(f"topic {tid:016x} seqs {lo + 1}..{hi - 1}")
+            elif lo is not None:
+                parts.append(f"topic {tid:016x} seqs after {lo}")
+            elif hi is not None:
+                parts.append(f"topic {tid:016x} seqs before {hi}")
+        if not parts:
+            return "no Append seq can be placed in it"
+        more = f" and {len(parts) - limit} more topics" if len(parts) > limit else ""
+        return ", ".join(parts[:limit]) + more
+
+    def describe(self, shard_dir: str) -> str:
+        return (
+            f"{posixpath.join(shard_dir, self.file)} bytes [{self.start}, {self.end}): "
+            f"{self.reason}; {self.valid_after} valid frames follow; at risk: {self.at_risk()}"
+        )
+
+
+class WalDamage(OSError):
+    """A shard's log holds damage, not a torn tail: recovery refuses to touch it.
+
+    `shard` is the shard directory, `damage` the damaged ranges in log order.
+    The message names the file, the byte range, the reason and the seqs at risk;
+    nothing on disk has been changed. `topics repair` salvages (docs/FORMATS.md).
+    """
+
+    def __init__(self, shard: str, damage: list[Damage]) -> None:
+        self.shard = shard
+        self.damage = damage
+        first = damage[0].describe(shard)
+        more = f" (and {len(damage) - 1} more damaged ranges)" if len(damage) > 1 else ""
+        super().__init__(
+            errno.EIO,
+            f"WAL damage in {first}{more}; refusing to start with nothing changed on disk; "
+            "inspect with `topics verify`, salvage with `topics repair`",
+        )
+
+
 @dataclass
 class ShardScan:
     """What recovery found in a shard: valid frames in order and where the log ends.
 
     `files` are the files read, in order, from the start position on (a
     checkpoint position skips whole files before it and the frames before it in
-    its own file).
+    its own file). `torn` is set when the log ends on a torn tail (cut by
+    :meth:`WalShard.open`, its bytes kept aside first); `damage` lists every
+    other invalid range (recovery refuses to start when it is not empty).
+    `marks` is the highest SyncMark offset of the newest file.
     """
 
     dir: str
@@ -173,8 +263,10 @@ class ShardScan:
     end_file: str | None  # file holding the logical end (None: no files)
     end_offset: int  # byte offset of the logical end inside end_file
     next_index: int  # shard-wide index the next frame gets
-    torn: Torn | None  # the invalid frame that ended the log, if any
-    later_files: list[str]  # files after the end (to be removed on open)
+    torn: Torn | None  # the invalid bytes that ended the log, if any
+    damage: list[Damage] = field(default_factory=list)
+    torn_end: int = 0  # end of the torn bytes (the last non-zero byte + 1)
+    mark: int = 0
 
     @property
     def frame_count(self) -> int:
@@ -182,10 +274,10 @@ class ShardScan:
 
     @property
     def frames(self) -> list[tuple[str, Frame]]:
-        """Every scanned frame decoded, as `(file name, frame)` (tools and tests)."""
+        """Every scanned frame but SyncMarks, decoded, as `(file name, frame)` (tools, tests)."""
         out: list[tuple[str, Frame]] = []
         for f in self.files:
-            for off in f.cols["off"].tolist():
+            for off in f.cols["off"][f.cols["type"] != SYNC_MARK].tolist():
                 fr = decode_frame(f.buf, off)
                 assert isinstance(fr, Frame)
                 out.append((f.name, fr))
@@ -204,24 +296,140 @@ def _first_index(name: str) -> int:
     return int(name[4:-4])
 
 
+def _nonzero_end(buf: bytes, start: int) -> int:
+    """One past the last non-zero byte at or after `start` (`start` when all zero)."""
+    n = len(buf)
+    if buf.count(0, start) == n - start:
+        return start
+    a = np.frombuffer(buf, np.uint8)
+    hi = n
+    step = 1 << 20
+    while hi > start:
+        lo = max(start, hi - step)
+        nz = np.flatnonzero(a[lo:hi])
+        if len(nz):
+            return lo + int(nz[-1]) + 1
+        hi = lo
+    return start  # pragma: no cover - the count above said otherwise
+
+
+@dataclass
+class _FileScan:
+    name: str
+    buf: bytes
+    base_index: int
+    cols: npt.NDArray[np.void]
+    # Invalid ranges in file order: (start, end, reason, number of valid rows before it).
+    bad: list[tuple[int, int, str, int]]
+    end: int  # offset after the last valid frame
+    used: int  # one past the last non-zero byte
+    extra: int  # frame indexes the Lost fillers among `cols` stand for beyond one each
+
+
+def _scan_file(
+    buf: bytes, begin: int
+) -> tuple[npt.NDArray[np.void], list[tuple[int, int, str, int]], int, int]:
+    """Every valid frame of `buf` from `begin`, reading past invalid ranges.
+
+    Returns the rows, the invalid ranges `(start, end, reason, rows before)`,
+    the offset after the last valid frame and the end of the used bytes.
+    """
+    pieces: list[npt.NDArray[np.void]] = []
+    bad: list[tuple[int, int, str, int]] = []
+    rows = 0
+    off = begin
+    last_end = begin
+    while True:
+        res = scan_columns(buf, off)
+        if len(res.cols):
+            pieces.append(res.cols)
+            rows += len(res.cols)
+            last_end = res.end_offset
+        elif off == begin:
+            last_end = begin
+        stop = res.end_offset
+        if res.torn is None:
+            used = _nonzero_end(buf, stop)
+            if used == stop:
+                break  # zeros (preallocated space) or the end of the file
+            reason = "data after a zeroed frame length"
+        else:
+            reason = res.torn.reason
+        nxt = find_next_frame(buf, stop + 1)
+        if nxt is None:
+            used = _nonzero_end(buf, stop)
+            bad.append((stop, max(used, stop + 1), reason, rows))
+            break
+        bad.append((stop, nxt, reason, rows))
+        off = nxt
+    if len(pieces) == 1:
+        cols = pieces[0]
+    else:
+        cols = np.concatenate(pieces) if pieces else np.zeros(0, WAL_COLS_DTYPE)
+    used = max((b[1] for b in bad), default=0)
+    return cols, bad, last_end, max(used, last_end)
+
+
+def _marks(buf: bytes, cols: npt.NDArray[np.void]) -> int:
+    """The highest `synced` offset of the SyncMark frames among `cols` (0 when none)."""
+    best = 0
+    for off in cols["off"][cols["type"] == SYNC_MARK].tolist():
+        fr = decode_frame(buf, off)
+        if isinstance(fr, Frame):
+            try:
+                best = max(best, int(fr.control().get("synced", 0)))
+            except (FrameError, TypeError, ValueError):
+                continue
+    return best
+
+
+def _lost_extra(cols: npt.NDArray[np.void]) -> int:
+    """Frame indexes beyond one each that the shard-level Lost fillers in `cols` stand
+    for (a filler's header `seq` is its frame count; docs/FORMATS.md, "Repair")."""
+    sel = (cols["type"] == LOST) & (cols["topic_id"] == 0)
+    if not sel.any():
+        return 0
+    return int(np.maximum(cols["seq"][sel].astype(np.int64), 1).sum()) - int(sel.sum())
+
+
+def _write_tail(cols: npt.NDArray[np.void]) -> int:
+    """How many rows at the end of `cols` belong to a write whose last frame is missing."""
+    cut = 0
+    n = len(cols)
+    while (
+        cut < n
+        and cols["type"][n - 1 - cut] == APPEND
+        and cols["flags"][n - 1 - cut] & F_BATCH_MORE
+    ):
+        cut += 1
+    return cut
+
+
 def scan_shard(fs: Fs, d: str, start: WalPosition | None = None) -> ShardScan:
-    """Read a shard's files in order and stop at the first invalid frame.
+    """Read a shard's files in order, past any invalid bytes, and classify them.
 
     With `start`, files wholly before it are not read and the scan of its own
     file begins at its byte offset (the frames before a checkpoint position are
     already reflected in the snapshot that names it). Raises OSError from the
-    filesystem. Never raises on corrupt bytes: the first torn frame (or zeroed
-    space) is the logical end of the shard.
+    filesystem; never raises on corrupt bytes and never changes anything.
+
+    Invalid bytes are a torn tail (`torn`) only when they lie in the newest
+    file, at or after the highest SyncMark of that file (bytes never known
+    durable), with no valid frame of a later file after them; every other
+    invalid range, a gap in frame indexes between files and a missing replay
+    start are `damage` (docs/FORMATS.md, "Torn tail or damage").
     """
     files = _list_wal_files(fs, d)
-    scanned: list[ScannedFile] = []
     if not files:
-        return ShardScan(d, scanned, None, 0, 0, None, [])
+        return ShardScan(d, [], None, 0, 0, None)
     first = 0
     if start is not None:
         # Skip every file whose successor begins at or before the start index.
         while first + 1 < len(files) and _first_index(files[first + 1]) <= start.index:
             first += 1
+    # (file pos, start, end, reason, row, first missing frame index or -1, frame count)
+    damage_raw: list[tuple[int, int, int, str, int, int, int]] = []
+    scanned: list[_FileScan] = []
     for i in range(first, len(files)):
         name = files[i]
         f = fs.open(posixpath.join(d, name))
@@ -231,54 +439,151 @@ def scan_shard(fs: Fs, d: str, start: WalPosition | None = None) -> ShardScan:
             f.close()
         base_index = _first_index(name)
         begin = 0
-        if start is not None and i == first and name == start.file:
-            begin = start.offset
-            base_index = start.index
-        res = scan_columns(buf, begin)
-        cols = res.cols
-        if start is not None and i == first and base_index < start.index:
+        if start is not None and i == first:
+            if name == start.file:
+                begin = start.offset
+                base_index = start.index
+            elif base_index > start.index:
+                damage_raw.append(
+                    (
+                        0,
+                        0,
+                        0,
+                        f"the file holding the replay start {start.file} is missing",
+                        0,
+                        start.index,
+                        base_index - start.index,
+                    )
+                )
+        cols, bad, end, used = _scan_file(buf, begin)
+        if start is not None and i == first and name != start.file and base_index < start.index:
             # The named file is gone: drop the frames before the start index here.
             drop = min(start.index - base_index, len(cols))
             cols = cols[drop:]
+            bad = [(a, b, r, max(k - drop, 0)) for a, b, r, k in bad]
             base_index += drop
-        nxt = base_index + len(cols)
-        # A rotated file ends in zeroed space; the log continues in the next file
-        # only when that file starts exactly at the next frame index.
-        last = i == len(files) - 1
-        if res.torn is not None or last or _first_index(files[i + 1]) != nxt:
-            end, torn = res.end_offset, res.torn
+        scanned.append(_FileScan(name, buf, base_index, cols, bad, end, used, _lost_extra(cols)))
+
+    newest = len(scanned) - 1
+    mark = _marks(scanned[newest].buf, scanned[newest].cols)
+    torn: Torn | None = None
+    torn_end = 0
+    for k, fsc in enumerate(scanned):
+        last = k == newest
+        # How many frame indexes the invalid ranges of a rotated-out file stand for:
+        # the next file starts at the index after the file's last frame.
+        missing = 0
+        if not last:
+            missing = _first_index(scanned[k + 1].name) - fsc.base_index - len(fsc.cols) - fsc.extra
+        for j, (a, b, reason, row) in enumerate(fsc.bad):
+            if last and a >= mark and not damage_raw and j == 0:
+                torn, torn_end = Torn(a, reason), fsc.used
+                # Everything from the torn bytes on is cut: drop valid frames after them.
+                fsc.cols = fsc.cols[:row]
+                fsc.end = a
+                break
+            k_frames = 1
+            if j == len(fsc.bad) - 1 and not last:
+                k_frames = max(1, missing - (len(fsc.bad) - 1))
+            damage_raw.append((k, a, b, reason, row, -1, k_frames))
+        if not last and not fsc.bad and missing:
+            nxt = fsc.base_index + len(fsc.cols) + fsc.extra
+            damage_raw.append(
+                (
+                    k,
+                    fsc.end,
+                    fsc.end,
+                    f"frames {nxt}..{nxt + missing - 1} are missing (a WAL file is gone?)",
+                    len(fsc.cols),
+                    nxt,
+                    missing,
+                )
+            )
+    end_scan = scanned[newest]
+    cut = _write_tail(end_scan.cols)
+    if cut:
+        off = int(end_scan.cols["off"][len(end_scan.cols) - cut])
+        if off >= mark:
             # A write torn part way through leaves valid frames still flagged "more
             # follow": drop them, so the whole write is gone (all-or-nothing).
-            cut = 0
-            while (
-                cut < len(cols)
-                and cols["type"][len(cols) - 1 - cut] == APPEND
-                and cols["flags"][len(cols) - 1 - cut] & F_BATCH_MORE
-            ):
-                cut += 1
-            if cut:
-                end = int(cols["off"][len(cols) - cut])
-                cols = cols[: len(cols) - cut]
-                nxt -= cut
-                torn = Torn(end, "incomplete write")
-            if torn is None and buf.count(0, end) != len(buf) - end:
-                # The log ended on a zero length, yet bytes follow: a zeroed frame hid
-                # later data (files are zero-filled, so nothing else leaves bytes
-                # there). Report it rather than let the repair erase it silently.
-                torn = Torn(end, "data after a zeroed frame")
-            if end < len(buf) // 4:
-                buf = buf[:end]  # keep only the used part of a mostly empty file
-            scanned.append(ScannedFile(name, buf, cols, base_index))
-            return ShardScan(d, scanned, name, end, nxt, torn, files[i + 1 :])
-        scanned.append(ScannedFile(name, buf, cols, base_index))
-    raise AssertionError("unreachable")  # pragma: no cover
+            end_scan.cols = end_scan.cols[: len(end_scan.cols) - cut]
+            if torn is None:
+                torn, torn_end = Torn(off, "incomplete write"), max(end_scan.used, end_scan.end)
+            else:
+                torn = Torn(off, torn.reason)
+            end_scan.end = off
+        else:
+            damage_raw.append(
+                (
+                    newest,
+                    end_scan.end,
+                    end_scan.end,
+                    "a write whose last frame is missing",
+                    len(end_scan.cols),
+                    -1,
+                    0,
+                )
+            )
+
+    damage = _damage(scanned, damage_raw) if damage_raw else []
+    out: list[ScannedFile] = []
+    for fsc in scanned:
+        buf = fsc.buf
+        if fsc.used < len(buf) // 4:
+            buf = buf[: fsc.used]  # keep only the used part of a mostly empty file
+        out.append(ScannedFile(fsc.name, buf, fsc.cols, fsc.base_index))
+    return ShardScan(
+        d,
+        out,
+        end_scan.name,
+        end_scan.end,
+        end_scan.base_index + len(end_scan.cols) + end_scan.extra,
+        torn,
+        damage,
+        torn_end,
+        mark,
+    )
+
+
+def _damage(
+    scanned: list[_FileScan], raw: list[tuple[int, int, int, str, int, int, int]]
+) -> list[Damage]:
+    """Attach to each damaged range the valid frames after it and the seqs around it."""
+    counts = [len(f.cols) for f in scanned]
+    appends = [f.cols["type"] == APPEND for f in scanned]
+    out: list[Damage] = []
+    for k, a, b, reason, row, index, frames in sorted(raw):
+        after = counts[k] - row + sum(counts[k + 1 :])
+        before_seq: dict[int, int] = {}
+        after_seq: dict[int, int] = {}
+        for j, fsc in enumerate(scanned):
+            if j > k:
+                break
+            stop = row if j == k else counts[j]
+            part = fsc.cols[:stop][appends[j][:stop]]
+            before_seq.update(zip(part["topic_id"].tolist(), part["seq"].tolist(), strict=True))
+        for j in range(len(scanned) - 1, k - 1, -1):
+            lo = row if j == k else 0
+            part = scanned[j].cols[lo:][appends[j][lo:]][::-1]
+            after_seq.update(zip(part["topic_id"].tolist(), part["seq"].tolist(), strict=True))
+        out.append(
+            Damage(scanned[k].name, a, b, reason, after, before_seq, after_seq, index, frames)
+        )
+    return out
 
 
 class WalShard:
     """An open shard: submit entries from any thread, one writer thread persists them.
 
-    Construct with :meth:`open`, which recovers the tail (zeroes any torn bytes
-    after the last valid frame, removes files after it) and starts the writer.
+    Construct with :meth:`open`, which scans the log, refuses damage
+    (:class:`WalDamage`), cuts a torn tail (after keeping its bytes aside) and
+    starts the writer.
+
+    After every successful `fdatasync` that made new bytes durable, the writer
+    appends a SyncMark frame recording the durable offset of the active file
+    (before the synced batch is acknowledged). Recovery uses the highest mark
+    to tell a torn tail (invalid bytes past it) from damage (invalid bytes
+    before it): docs/FORMATS.md, "Torn tail or damage".
     """
 
     def __init__(
@@ -309,6 +614,9 @@ class WalShard:
         # Bytes of the active file below this offset are known durable (the last
         # successful fdatasync covered them); see _sync_failed.
         self._synced_offset = 0
+        # The offset just after the last SyncMark written to the active file: a new
+        # mark is written only once bytes past it are durable.
+        self._mark_end = 0
         self._thread: threading.Thread | None = None
         self._stopped = False
 
@@ -321,39 +629,55 @@ class WalShard:
         """Recover the shard's tail and start writing after it.
 
         Returns the shard and the scan (the valid frames from `start`, for replay).
-        Raises OSError when the directory cannot be read, repaired or preallocated.
+        Raises :class:`WalDamage` (nothing changed on disk) when the log holds
+        damage rather than a torn tail, OSError when the directory cannot be
+        read, repaired or preallocated.
         """
-        shard = cls(fs, directory, **kw)
         fs.makedirs(directory)
         found = scan_shard(fs, directory, start)
+        return cls.open_scanned(fs, found, **kw), found
+
+    @classmethod
+    def open_scanned(cls, fs: Fs, found: ShardScan, **kw: Any) -> WalShard:
+        """:meth:`open` from a scan already made (recovery scans every shard first)."""
+        if found.damage:
+            raise WalDamage(found.dir, found.damage)
+        shard = cls(fs, found.dir, **kw)
+        fs.makedirs(found.dir)
         shard._adopt(found)
         shard._start()
-        return shard, found
+        return shard
+
+    @property
+    def capacity(self) -> int:
+        """The most bytes one entry may have (a file, less room for a SyncMark)."""
+        return self.file_bytes - _MARK_ROOM
 
     def _adopt(self, found: ShardScan) -> None:
         fs = self.fs
-        for name in found.later_files:
-            log.warning("wal %s: removing %s after the end of the log", self.dir, name)
-            fs.unlink(posixpath.join(self.dir, name))
         if found.end_file is None:
             self._new_file(0)
             return
         path = posixpath.join(self.dir, found.end_file)
         f = fs.open(path, write=True)
         size = f.size()
+        end = found.end_offset
         if found.torn is not None:
+            stop = max(found.torn_end, end)
             log.warning(
-                "wal %s: torn frame in %s at %d (%s); truncating the log there",
+                "wal %s: torn tail in %s at %d (%s): %d bytes after the last durable mark "
+                "(at %d) are cut; they are kept in %s",
                 self.dir,
                 found.end_file,
                 found.torn.offset,
                 found.torn.reason,
+                stop - end,
+                found.mark,
+                self._keep_aside(f, found.end_file, end, stop),
             )
-        # Zero everything after the last valid frame so the next scan ends there.
-        # (With no torn frame the scan has checked that the tail is zeros already.)
-        end = found.end_offset
-        if end < size and found.torn is not None:
-            self._zero(f, end, size)
+            # Zero the torn bytes so the next scan ends at the last valid frame
+            # (the scan checked that everything after them is zeros already).
+            self._zero(f, end, min(stop, size))
         if size < self.file_bytes:
             self._zero(f, size, self.file_bytes)
         f.fdatasync()
@@ -362,10 +686,23 @@ class WalShard:
         self._file_first = _first_index(found.end_file)
         self._offset = end
         self._synced_offset = end
+        self._mark_end = end
         self._next_index = found.next_index
-        if found.later_files:
-            fs.fsync_dir(self.dir)
         self._write_current()
+
+    def _keep_aside(self, f: File, name: str, start: int, stop: int) -> str:
+        """Copy bytes `[start, stop)` of the active file to `<name>.torn-<start>` (durably)."""
+        aside = f"{name}.torn-{start}"
+        path = posixpath.join(self.dir, aside)
+        out = self.fs.open(path, create=True, write=True)
+        try:
+            out.truncate(0)
+            write_all(out, f.pread(stop - start, start), 0)
+            out.fdatasync()
+        finally:
+            out.close()
+        self.fs.fsync_dir(self.dir)
+        return path
 
     def _zero(self, f: File, start: int, stop: int) -> None:
         off = start
@@ -388,6 +725,7 @@ class WalShard:
         self._file_first = first_index
         self._offset = 0
         self._synced_offset = 0
+        self._mark_end = 0
         self._next_index = first_index
         self._write_current()
         if old is not None:
@@ -492,6 +830,37 @@ class WalShard:
             self._synced_offset = offset
         except OSError as exc:
             self._sync_failed(f"background fdatasync failed: {exc}")
+            return
+        self._write_mark()
+
+    def _write_mark(self) -> None:
+        """Append a SyncMark saying the active file is durable up to `_synced_offset`.
+
+        Only when bytes past the previous mark became durable; the mark itself is
+        made durable by the next sync (a torn mark only loses the mark). A failed
+        write is cleared like a failed batch and is otherwise harmless.
+        """
+        f = self._file
+        if f is None or self.read_only or self._synced_offset <= self._mark_end:
+            return
+        if self._offset + _MARK_ROOM > self.file_bytes:
+            return
+        data = encode_control(SYNC_MARK, 0, {"synced": self._synced_offset})
+        start = self._offset
+        try:
+            write_all(f, data, start)
+        except OSError as exc:
+            log.error("wal %s: SyncMark write failed at %d: %s", self.dir, start, exc)
+            try:
+                self._zero(f, start, start + len(data))
+            except OSError as exc2:
+                self._latch(f"cannot clear a failed write: {exc2}")
+            return
+        self._offset = start + len(data)
+        self._mark_end = self._offset
+        self._next_index += 1
+        self._dirty = True
+        self.metrics.sync_marks += 1
 
     def latch(self, why: str) -> None:
         """Refuse every later submission (read-only), logging `why` once."""
@@ -523,7 +892,7 @@ class WalShard:
         sync_error: OSError | None = None
         i = 0
         while i < len(batch):
-            room = self.file_bytes - self._offset
+            room = self.capacity - self._offset
             j = i
             size = 0
             while j < len(batch) and size + len(batch[j].data) <= room:
@@ -566,6 +935,9 @@ class WalShard:
                     synced = len(written)
                 except OSError as exc:
                     sync_error = exc
+                else:
+                    # Record the durable offset before anyone hears of the commit.
+                    self._write_mark()
             elif synced < len(written):
                 self._dirty = True
         if sync_error is not None:
