@@ -20,20 +20,16 @@ Each problem has a :attr:`Problem.severity`:
 * ``warning`` -- a legal crash leftover that needs cleanup or a suspicious but
   recoverable state (a stray segment half, a WAL Append seq that goes back).
 * ``info`` -- expected after a crash and handled by recovery: the torn tail of
-  a WAL shard or of a topic's newest (possibly active) segment, `.tmp` files,
-  WAL files after the end of the log with nothing valid in them.
+  a WAL shard or of a topic's newest (possibly active) segment, `.tmp` files.
 
-**Mid-log damage.** Recovery ends a shard at the first invalid frame (a torn
-tail) and drops everything after it. fsck additionally resynchronises: from the
-first byte after the logical end it searches forward for offsets where a whole,
-checksum-valid frame decodes, then scans on from there, repeatedly, and does the
-same in every WAL file after the end file. Any frame found that way means the
-damage was not a tail: it is reported as ``mid_log_damage`` and the frames are
-counted in :attr:`CheckReport.lost_frames` (recovery would drop them). Bytes
-alone cannot tell bit rot from a crash that garbled (or zeroed a sector of) an
-un-synced multi-frame write, so run fsck on a *recovered* dir (recovery zeroes
-everything after the end) when judging the crash contract; the detail says how
-many of the lost frames carry the durable flag.
+**WAL damage.** fsck classifies a shard exactly as recovery does
+(:func:`~topics.storage.wal.scan_shard`, docs/FORMATS.md "Torn tail or
+damage"): invalid bytes past the newest file's last SyncMark, with nothing
+valid after them, are a ``torn_tail`` (info: the next start cuts them); every
+other invalid range, and frames missing between files, is ``mid_log_damage``
+(corrupt: the server refuses to start until `topics repair`), with the seqs at
+risk and the number of valid frames after it (:attr:`CheckReport.lost_frames`
+counts those frames).
 
 **Active segments.** Only the active segment may have a torn tail, and fsck
 cannot tell it from a sealed one on disk, so by default the newest segment of
@@ -49,7 +45,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +56,7 @@ from topics.engine.index import DELETED, IDX_ENTRY_DTYPE
 from topics.storage.frame import (
     APPEND,
     FRAME_TYPES,
+    LOST,
     MIN_FRAME_LEN,
     MIN_FRAME_SIZE,
     SEG_MIN_FRAME_SIZE,
@@ -70,11 +67,11 @@ from topics.storage.frame import (
     Torn,
     decode_frame,
     decode_segment_frame,
-    scan,
 )
 from topics.storage.fs import Fs
 from topics.storage.segment import IDX_ENTRY_SIZE, SegmentPaths, scan_segments
 from topics.storage.snapshot import SnapshotInvalid, decode_snapshot, list_snapshots
+from topics.storage.wal import scan_shard
 
 __all__ = [
     "INFO",
@@ -100,7 +97,6 @@ SEVERITY: dict[str, str] = {
     # WAL
     "torn_tail": INFO,  # the shard ends on a torn frame; recovery truncates it
     "mid_log_damage": CORRUPT,  # valid frames after the logical end of a shard
-    "wal_orphan_file": INFO,  # a file after the end of the log with no valid frame
     "wal_bad_name": CORRUPT,  # a wal-*.log name recovery cannot parse
     "wal_layout_mixed": WARNING,  # flat wal/*.log files next to shard-NN dirs
     "wal_current": INFO,  # CURRENT missing or not naming the newest file
@@ -331,29 +327,6 @@ def _find_frame(buf: bytes, a: np.ndarray[Any, Any], stop: int, start: int) -> F
     return None
 
 
-def _frames_after(buf: bytes, start: int) -> list[Frame]:
-    """Every valid frame after the non-frame at `start`, resynchronising past damage."""
-    out: list[Frame] = []
-    stop = len(buf.rstrip(b"\0"))  # no frame starts in the zeroed (preallocated) tail
-    a = np.frombuffer(buf, np.uint8)
-    pos = start
-    while True:
-        fr = _find_frame(buf, a, stop, pos)
-        if fr is None:
-            return out
-        res = scan(buf, fr.offset)
-        out.extend(res.frames)
-        pos = res.end_offset + 1
-
-
-def _seq_span(frames: Sequence[Frame]) -> str:
-    seqs = [f.seq for f in frames if f.type == APPEND]
-    span = f"Append seqs {min(seqs)}..{max(seqs)}" if seqs else "no Append frames"
-    # Durable-flagged frames were (or were about to be) fsynced; non-durable ones
-    # may be an un-synced tail that a crash is allowed to lose.
-    return f"{span}, {sum(1 for f in frames if f.durable)} durable-flagged"
-
-
 class _ShardChecker:
     def __init__(self, fs: Fs, report: CheckReport, tick: Callable[[], None]) -> None:
         self.fs = fs
@@ -382,6 +355,8 @@ class _ShardChecker:
                 )
             self.last_seq[fr.topic_id] = fr.seq
             return
+        if fr.type == LOST and fr.topic_id == 0:
+            return  # a repair filler: zero padding, not a msgpack body
         try:
             fr.control()
         except FrameError as e:
@@ -391,77 +366,51 @@ class _ShardChecker:
 
     def check(self, d: str, files: list[str]) -> None:
         r = self.report
-        fs = self.fs
         r.shards += 1
         self.last_seq = {}
-        ended = False
-        for i, name in enumerate(files):
-            path = posixpath.join(d, name)
-            first = _first_index(name)
-            if first is None:
-                r.add("wal_bad_name", path, "cannot parse the frame index in the file name")
-                ended = True
-                self.tick()
-                continue
-            r.wal_files += 1
-            try:
-                buf = read_file(fs, path)
-            except OSError as e:
-                r.add("unreadable", path, str(e))
-                ended = True
-                self.tick()
-                continue
-            if not ended:
-                res = scan(buf)
-                for fr in res.frames:
-                    self.frame_content(path, fr)
-                r.frames += len(res.frames)
-                nxt = first + len(res.frames)
-                last = i == len(files) - 1
-                follow = None if last else _first_index(files[i + 1])
-                if res.torn is None and not last and follow == nxt:
-                    self.tick()
-                    continue  # the log continues in the next file
-                ended = True
-                lost = _frames_after(buf, res.end_offset)
-                self._end(path, res.end_offset, res.torn, lost, last)
+        good = []
+        for name in files:
+            if _first_index(name) is None:
+                r.add(
+                    "wal_bad_name",
+                    posixpath.join(d, name),
+                    "cannot parse the frame index in the file name",
+                )
             else:
-                lost = _frames_after(buf, 0)
-                if lost:
-                    r.mid_log_damage += 1
-                    r.lost_frames += len(lost)
-                    r.add(
-                        "mid_log_damage",
-                        path,
-                        f"{len(lost)} valid frames in a file after the end of the log "
-                        f"({_seq_span(lost)}); recovery drops them",
-                        offset=lost[0].offset,
-                    )
-                else:
-                    r.add(
-                        "wal_orphan_file",
-                        path,
-                        "file after the end of the log without valid frames (removed on open)",
-                    )
-            self.tick()
-        self._current(d, files)
-
-    def _end(self, path: str, end: int, torn: Torn | None, lost: list[Frame], last: bool) -> None:
-        r = self.report
-        if lost:
+                good.append(name)
+        r.wal_files += len(good)
+        try:
+            sc = scan_shard(self.fs, d)
+        except OSError as e:
+            r.add("unreadable", d, str(e))
+            for _ in files:
+                self.tick()
+            return
+        for name, fr in sc.frames:
+            self.frame_content(posixpath.join(d, name), fr)
+            r.frames += 1
+        for dmg in sc.damage:
             r.mid_log_damage += 1
-            r.lost_frames += len(lost)
-            why = torn.reason if torn is not None else "zeroed frame (frame_len 0)"
+            r.lost_frames += dmg.valid_after if dmg.end > dmg.start else 0
             r.add(
                 "mid_log_damage",
-                path,
-                f"{why}, then {len(lost)} valid frames after it (first at offset "
-                f"{lost[0].offset}, {_seq_span(lost)}); recovery drops them",
-                offset=end,
+                posixpath.join(d, dmg.file),
+                f"bytes [{dmg.start}, {dmg.end}): {dmg.reason}; {dmg.valid_after} valid frames "
+                f"follow; at risk: {dmg.at_risk()}; the server refuses to start until "
+                "`topics repair`",
+                offset=dmg.start,
             )
-        elif torn is not None:
+        if sc.torn is not None and sc.end_file is not None:
             r.torn_tails += 1
-            r.add("torn_tail", path, f"log ends on a torn frame: {torn.reason}", offset=end)
+            r.add(
+                "torn_tail",
+                posixpath.join(d, sc.end_file),
+                f"log ends on a torn write past the last durable mark: {sc.torn.reason}",
+                offset=sc.torn.offset,
+            )
+        for _ in files:
+            self.tick()
+        self._current(d, files)
 
     def _current(self, d: str, files: list[str]) -> None:
         fs = self.fs
