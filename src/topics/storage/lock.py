@@ -84,6 +84,7 @@ class DataDirLock:
         self.created_dirs: list[str] = []
         self.created_file = False
         self._before: set[str] = set()
+        self._previous = b""
         problem = data_dir_problem(data_dir)
         if problem is not None:
             raise DataDirError(problem)
@@ -95,10 +96,10 @@ class DataDirLock:
         try:
             self._acquire()
         except DataDirLocked:
-            self.discard_lock_only()
+            self._undo_lock()
             raise
         except OSError as exc:
-            self.discard_lock_only()
+            self._undo_lock()
             if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
                 raise DataDirError(
                     f"data directory {data_dir} is not writable: "
@@ -109,7 +110,7 @@ class DataDirLock:
             # Everything present now existed before this start (or is our lock file).
             self._before = set(os.listdir(data_dir))
         except OSError as exc:
-            self.discard_lock_only()
+            self._undo_lock()
             raise DataDirError(f"cannot read data directory {data_dir}: {_why(exc)}") from None
 
     def _make_dirs(self) -> None:
@@ -139,7 +140,10 @@ class DataDirLock:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
                 created = True
             except FileExistsError:
-                fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+                try:
+                    fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+                except FileNotFoundError:
+                    continue  # unlinked in between: try to create it again
                 created = False
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -162,6 +166,8 @@ class DataDirLock:
             os.close(fd)
         self.fd = fd
         self.created_file = created
+        # An old file keeps its text if this start fails (see _undo_lock).
+        self._previous = b"" if created else os.pread(fd, 4096, 0)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
 
@@ -170,15 +176,18 @@ class DataDirLock:
             with contextlib.suppress(OSError):  # not empty any more: not ours alone
                 os.rmdir(d)
 
-    def discard_lock_only(self) -> None:
-        """Remove the lock file if this start created it, release, remove created dirs.
-
-        The file is unlinked while still locked: a process that opened it just
-        before sees, once it gets the lock, that the path is gone and retries.
-        """
-        if self.created_file and self.fd >= 0:
+    def _undo_lock(self) -> None:
+        # Remove the lock file if this start created it (else restore its old
+        # text), release, and remove the directories this start created. The file
+        # is unlinked while still locked: a process that opened it just before
+        # sees, once it gets the lock, that the path is gone and retries.
+        if self.fd >= 0:
             with contextlib.suppress(OSError):
-                os.unlink(self.path)
+                if self.created_file:
+                    os.unlink(self.path)
+                else:
+                    os.ftruncate(self.fd, 0)
+                    os.pwrite(self.fd, self._previous, 0)
         self.release()
         self._remove_created_dirs()
 
@@ -208,4 +217,4 @@ class DataDirLock:
                 else:
                     with contextlib.suppress(OSError):
                         os.unlink(p)
-        self.discard_lock_only()
+        self._undo_lock()
