@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 import os
 import signal
@@ -62,19 +63,29 @@ def _listen(host: str, port: int) -> list[socket.socket]:
     infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     seen: set[tuple[object, ...]] = set()
     socks: list[socket.socket] = []
+    unavailable: OSError | None = None
     try:
         for family, type_, proto, _name, addr in infos:
             if (family, addr) in seen:
                 continue
             seen.add((family, addr))
             sock = socket.socket(family, type_, proto)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.bind(addr)
+            except OSError as exc:
+                sock.close()
+                if exc.errno != errno.EADDRNOTAVAIL:
+                    raise
+                unavailable = exc  # that address family is off here (as asyncio does)
+                continue
             socks.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            sock.bind(addr)
             sock.listen(2048)
             sock.setblocking(False)
+        if not socks:
+            raise unavailable or OSError(errno.EADDRNOTAVAIL, "no address to bind")
     except BaseException:
         for sock in socks:
             sock.close()
@@ -82,8 +93,8 @@ def _listen(host: str, port: int) -> list[socket.socket]:
     return socks
 
 
-def _port_free(host: str, port: int) -> OSError | None:
-    """Whether `host:port` can be bound right now (the socket is closed again)."""
+def _bind_error(host: str, port: int) -> OSError | None:
+    """Why `host:port` cannot be bound right now, or None (the probe is closed again)."""
     try:
         for sock in _listen(host, port):
             sock.close()
@@ -137,7 +148,7 @@ async def _serve(cfg: ServerConfig) -> int:
     kafka_port = cfg.kafka_port
     if kafka_port:
         bound_host = str(sockets[0].getsockname()[0])
-        busy = _port_free(bound_host, kafka_port)
+        busy = _bind_error(bound_host, kafka_port)
         if busy is not None:
             if kafka_explicit:
                 for sock in sockets:
@@ -161,7 +172,10 @@ async def _serve(cfg: ServerConfig) -> int:
     # data route) is 503 not_ready with the replay progress until recovery ends.
     app.ready = False
     app.replay_progress = 0.0
-    handle = await start_server(app, cfg.host, cfg.port, sockets=sockets)
+    try:
+        handle = await start_server(app, cfg.host, cfg.port, sockets=sockets)
+    except RuntimeError as exc:  # uvicorn refused to start (exits right after)
+        return await fail("%s", exc)
 
     def on_progress(f: float) -> None:
         app.replay_progress = f
