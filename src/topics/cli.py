@@ -3,24 +3,33 @@
 The offline tools `verify`, `dump` and `spark-export` are wired in from
 :mod:`topics.tools`.
 
-`topics serve` reads every `TOPICS_*` variable (API §13; flags override the
-matching variable), binds `TOPICS_HOST:TOPICS_PORT` (default 127.0.0.1:4000),
-writes the bound `host:port` to `TOPICS_PORT_FILE` atomically when set, and
-serves until SIGINT/SIGTERM, then shuts down gracefully.
+`topics serve` reads every `TOPICS_*` variable (README.md "Configuration";
+flags override the matching variable), takes the data directory's lock, binds
+`TOPICS_HOST:TOPICS_PORT` (default 127.0.0.1:4000), replays the WAL, writes the
+bound `host:port` to `TOPICS_PORT_FILE` atomically when set, and serves until
+SIGINT/SIGTERM, then shuts down gracefully.
+
+A start that cannot proceed prints one line on stderr, no traceback, and exits
+non-zero: 2 for a bad setting (a value that is not a number, a port outside
+0-65535...), 1 for an unusable, locked or unrecoverable data directory or a
+port that cannot be bound. A failed start leaves nothing behind: the lock file,
+a data directory it created and anything recovery added are removed again.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Sequence
 
 from topics import __version__
-from topics.config import ConfigError, ServerConfig, load_config
+from topics.config import PORT_MAX, ConfigError, ServerConfig, load_config, parse_port
 
 __all__ = ["main"]
 
@@ -34,21 +43,127 @@ def _write_port_file(path: str, host: str, port: int) -> None:
     os.replace(tmp, path)
 
 
+def _addr(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _why(exc: OSError) -> str:
+    if isinstance(exc, socket.gaierror):
+        return f"cannot resolve the host ({exc.strerror or exc})"
+    return exc.strerror or str(exc)
+
+
+def _listen(host: str, port: int) -> list[socket.socket]:
+    """Listening TCP sockets for `host:port`, one per address `host` resolves to.
+
+    What asyncio's `create_server` would bind (SO_REUSEADDR; IPv6 sockets are
+    IPv6-only), done here so a bind error is reported before anything else
+    starts. Raises OSError (`socket.gaierror` for an unresolvable host).
+    """
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    seen: set[tuple[object, ...]] = set()
+    socks: list[socket.socket] = []
+    unavailable: OSError | None = None
+    try:
+        for family, type_, proto, _name, addr in infos:
+            if (family, addr) in seen:
+                continue
+            seen.add((family, addr))
+            sock = socket.socket(family, type_, proto)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.bind(addr)
+            except OSError as exc:
+                sock.close()
+                if exc.errno != errno.EADDRNOTAVAIL:
+                    raise
+                unavailable = exc  # that address family is off here (as asyncio does)
+                continue
+            socks.append(sock)
+            sock.listen(2048)
+            sock.setblocking(False)
+        if not socks:
+            raise unavailable or OSError(errno.EADDRNOTAVAIL, "no address to bind")
+    except BaseException:
+        for sock in socks:
+            sock.close()
+        raise
+    return socks
+
+
+def _bind_error(host: str, port: int) -> OSError | None:
+    """Why `host:port` cannot be bound right now, or None (the probe is closed again)."""
+    try:
+        for sock in _listen(host, port):
+            sock.close()
+    except OSError as exc:
+        return exc
+    return None
+
+
 async def _serve(cfg: ServerConfig) -> int:
+    """Run `topics serve` until SIGINT/SIGTERM; returns the exit code.
+
+    Start order (README.md "Durability and the data directory"): take the data
+    directory's lock (creating the directory), bind the HTTP port, replay the WAL
+    while answering probes with 503, start the Kafka listener, write the port
+    file. Any failure logs one line and returns 1 after undoing this start: the
+    lock file, a data directory this start created and whatever recovery added
+    are removed; nothing that existed before is touched.
+    """
     from topics.clock import SystemClock
     from topics.engine.core import Engine
     from topics.http.app import TopicsApp
-    from topics.http.server import start_server
+    from topics.http.server import ServerHandle, start_server
     from topics.storage.checkpoint import CheckpointConfig
     from topics.storage.fs import RealFs
-    from topics.storage.lock import DataDirLock, DataDirLocked
+    from topics.storage.lock import DataDirError, DataDirLock
     from topics.storage.runtime import Storage, StorageConfig
 
     try:
         lock = DataDirLock(cfg.data_dir)
-    except DataDirLocked as exc:
+    except DataDirError as exc:
         log.error("%s", exc)
         return 1
+    handle: ServerHandle | None = None
+    storage: Storage | None = None
+
+    async def fail(msg: str, *args: object) -> int:
+        log.error(msg, *args)
+        if storage is not None:
+            await storage.abort()
+        if handle is not None:
+            await handle.stop()
+        lock.discard()
+        return 1
+
+    try:
+        sockets = _listen(cfg.host, cfg.port)
+    except OSError as exc:
+        return await fail("cannot listen on %s: %s", _addr(cfg.host, cfg.port), _why(exc))
+    # An explicit TOPICS_KAFKA_PORT must bind; the default 9092 may be taken.
+    kafka_explicit = bool(os.environ.get("TOPICS_KAFKA_PORT", "").strip())
+    kafka_port = cfg.kafka_port
+    if kafka_port:
+        bound_host = str(sockets[0].getsockname()[0])
+        busy = _bind_error(bound_host, kafka_port)
+        if busy is not None:
+            if kafka_explicit:
+                for sock in sockets:
+                    sock.close()
+                return await fail(
+                    "cannot bind the Kafka listener on %s: %s",
+                    _addr(bound_host, kafka_port),
+                    _why(busy),
+                )
+            log.error(
+                "cannot bind the Kafka listener on port %d (%s); it stays off",
+                kafka_port,
+                _why(busy),
+            )
+            kafka_port = 0
     fs = RealFs()
     clock = SystemClock()
     engine = Engine(clock=clock, limits=cfg.limits, fs=fs)
@@ -57,7 +172,10 @@ async def _serve(cfg: ServerConfig) -> int:
     # data route) is 503 not_ready with the replay progress until recovery ends.
     app.ready = False
     app.replay_progress = 0.0
-    handle = await start_server(app, cfg.host, cfg.port)
+    try:
+        handle = await start_server(app, cfg.host, cfg.port, sockets=sockets)
+    except RuntimeError as exc:  # uvicorn refused to start (exits right after)
+        return await fail("%s", exc)
 
     def on_progress(f: float) -> None:
         app.replay_progress = f
@@ -81,10 +199,7 @@ async def _serve(cfg: ServerConfig) -> int:
     try:
         storage = await Storage.open(engine, fs, storage_cfg, progress=on_progress)
     except Exception as exc:
-        log.error("recovery failed, refusing to serve: %s", exc)
-        await handle.stop()
-        lock.release()
-        return 1
+        return await fail("recovery failed, refusing to serve: %s", exc)
     report = storage.report
     log.info(
         "recovered %d topics: snapshot %d, %d records from %d segment files, "
@@ -101,40 +216,42 @@ async def _serve(cfg: ServerConfig) -> int:
     )
     storage.start()
     app.storage = storage
-
-    async def close_storage(_app: TopicsApp) -> None:
-        await storage.close()
-        lock.release()
-
-    app.hooks_shutdown.append(close_storage)
     kafka = None
-    if cfg.kafka_port:
+    if kafka_port:
         from topics.kafka import start_kafka
 
         try:
-            kafka = await start_kafka(engine, cfg, handle.host, cfg.kafka_port)
+            kafka = await start_kafka(engine, cfg, handle.host, kafka_port)
         except OSError as exc:
-            # An explicit TOPICS_KAFKA_PORT must bind; the default 9092 may be taken.
-            log.error("cannot bind the Kafka listener on port %d: %s", cfg.kafka_port, exc)
-            if "TOPICS_KAFKA_PORT" in os.environ:
-                await handle.stop()
-                return 1
+            if kafka_explicit:
+                return await fail(
+                    "cannot bind the Kafka listener on %s: %s",
+                    _addr(handle.host, kafka_port),
+                    _why(exc),
+                )
+            log.error("cannot bind the Kafka listener on port %d: %s", kafka_port, _why(exc))
     app.replay_progress = 1.0
     app.ready = True
     log.info(
-        "topics %s listening on http://%s:%d (data dir %s)",
+        "topics %s listening on http://%s (data dir %s)",
         __version__,
-        handle.host,
-        handle.port,
+        _addr(handle.host, handle.port),
         cfg.data_dir,
     )
     if cfg.port_file:
         try:
             _write_port_file(cfg.port_file, handle.host, handle.port)
         except OSError as exc:
-            log.error("cannot write TOPICS_PORT_FILE %s: %s", cfg.port_file, exc)
-            await handle.stop()
-            return 1
+            if kafka is not None:
+                await kafka.stop()
+            return await fail("cannot write TOPICS_PORT_FILE %s: %s", cfg.port_file, _why(exc))
+    final_storage = storage
+
+    async def close_storage(_app: TopicsApp) -> None:
+        await final_storage.close()
+        lock.release()
+
+    app.hooks_shutdown.append(close_storage)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -156,13 +273,33 @@ def _run(coro_fn: object) -> int:
         return int(asyncio.run(coro_fn))  # type: ignore[arg-type]
 
 
+def _port_arg(text: str) -> int:
+    """argparse type of `--port`: an integer 0-65535."""
+    try:
+        return parse_port(text, "--port")
+    except ConfigError:
+        raise argparse.ArgumentTypeError(
+            f"{text.strip()!r} is not a port number (0-{PORT_MAX})"
+        ) from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """`topics ...`; returns the exit code.
+
+    `serve` exits 0 after a graceful stop, 2 on a configuration error (a bad
+    `TOPICS_*` value or flag) and 1 when startup fails (data directory unusable
+    or locked, port busy, recovery failed); each error is one line on stderr.
+    argparse usage errors exit 2. `verify`, `dump` and `spark-export` are
+    described in :mod:`topics.tools`.
+    """
     parser = argparse.ArgumentParser(prog="topics", description="topics event-log server")
     parser.add_argument("--version", action="version", version=f"topics {__version__}")
     sub = parser.add_subparsers(dest="cmd", required=True)
     serve = sub.add_parser("serve", help="run the server (configured by TOPICS_* variables)")
     serve.add_argument("--host", help="bind host (overrides TOPICS_HOST)")
-    serve.add_argument("--port", type=int, help="bind port, 0 = ephemeral (overrides TOPICS_PORT)")
+    serve.add_argument(
+        "--port", type=_port_arg, help="bind port, 0 = ephemeral (overrides TOPICS_PORT)"
+    )
     serve.add_argument("--data-dir", help="data directory (overrides TOPICS_DATA_DIR)")
     serve.add_argument("--port-file", help="write host:port here once bound (TOPICS_PORT_FILE)")
     from topics import tools
@@ -194,7 +331,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             level=getattr(logging, level, logging.INFO),
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         )
-        return _run(_serve(cfg))
+        try:
+            return _run(_serve(cfg))
+        except KeyboardInterrupt:  # Ctrl-C before the signal handlers are installed
+            print("topics: interrupted during startup", file=sys.stderr)
+            return 130
     return 2  # pragma: no cover
 
 

@@ -1,9 +1,12 @@
 """Server configuration: every `TOPICS_*` environment variable, read in one place.
 
 :func:`load_config` turns an environment mapping into a frozen
-:class:`ServerConfig`. Numeric variables are whitespace-trimmed and fall back to
-their default when unparsable (API §13); only a malformed API-key scope or an
-insecure non-loopback bind without keys aborts startup (:class:`ConfigError`).
+:class:`ServerConfig` (the variables are listed in README.md "Configuration").
+Numeric variables are whitespace-trimmed; unset or empty means the default. A
+value that is not an integer, or is outside the variable's range (a port must be
+0-65535, a count at least 0 or 1), aborts startup with a :class:`ConfigError`
+naming the variable, as do a malformed API-key scope and an insecure non-loopback
+bind without keys.
 """
 
 from __future__ import annotations
@@ -15,11 +18,23 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["ApiKey", "ConfigError", "ServerConfig", "load_config", "parse_api_keys", "Limits"]
+__all__ = [
+    "ApiKey",
+    "ConfigError",
+    "ServerConfig",
+    "load_config",
+    "parse_api_keys",
+    "parse_port",
+    "PORT_MAX",
+    "Limits",
+]
 
 
 class ConfigError(Exception):
-    """Startup refused: a malformed key scope or an insecure bind (API §1.2)."""
+    """Startup refused: a bad numeric value, a malformed key scope or an insecure bind.
+
+    The message is one line that names the variable (README.md "Configuration").
+    """
 
 
 SCOPE_READ = "read"
@@ -154,15 +169,58 @@ class ServerConfig:
         return bool(self.api_keys)
 
 
-def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 0) -> int:
-    raw = env.get(name)
-    if raw is None:
-        return default
+PORT_MAX = 65535
+
+
+def parse_port(raw: str, what: str) -> int:
+    """`raw` (trimmed) as a TCP port 0-65535 (`0` = ephemeral).
+
+    Raises :class:`ConfigError` naming `what` (a variable or flag) when `raw` is
+    not an integer or is out of range.
+    """
+    text = raw.strip()
     try:
-        value = int(raw.strip())
+        port = int(text)
     except ValueError:
+        raise ConfigError(f"{what}: {text!r} is not a port number (0-{PORT_MAX})") from None
+    if not 0 <= port <= PORT_MAX:
+        raise ConfigError(f"{what}: port {port} is out of range (0-{PORT_MAX})")
+    return port
+
+
+def _int(
+    env: Mapping[str, str],
+    name: str,
+    default: int,
+    *,
+    minimum: int | None = 0,
+    maximum: int | None = None,
+) -> int:
+    """`env[name]` as an int in `[minimum, maximum]`; unset or blank gives `default`.
+
+    Raises :class:`ConfigError` naming the variable otherwise.
+    """
+    raw = env.get(name)
+    if raw is None or not raw.strip():
         return default
-    return value if value >= minimum else default
+    text = raw.strip()
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"{name}: {text!r} is not an integer") from None
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{name}: {value} is below the minimum {minimum}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{name}: {value} is above the maximum {maximum}")
+    return value
+
+
+def _port(env: Mapping[str, str], name: str, default: int) -> int:
+    """`env[name]` as a port (:func:`parse_port`); unset or blank gives `default`."""
+    raw = env.get(name)
+    if raw is None or not raw.strip():
+        return default
+    return parse_port(raw, name)
 
 
 def _bool(env: Mapping[str, str], name: str) -> bool:
@@ -192,22 +250,23 @@ def is_loopback_host(host: str) -> bool:
 def load_config(env: Mapping[str, str] | None = None) -> ServerConfig:
     """Build a :class:`ServerConfig` from `env` (default `os.environ`).
 
-    Raises :class:`ConfigError` for a malformed scope token, or for a non-loopback
-    bind with no keys unless `TOPICS_ALLOW_INSECURE_NO_AUTH` is `1`/`true`.
+    Raises :class:`ConfigError` (one line naming the variable) for a numeric
+    variable that is not an integer or is out of range, a port outside 0-65535
+    (in `TOPICS_PORT`, `TOPICS_KAFKA_PORT` or the `host:port` form of
+    `TOPICS_HOST`), a malformed scope token, or a non-loopback bind with no keys
+    unless `TOPICS_ALLOW_INSECURE_NO_AUTH` is `1`/`true`.
     """
     env = os.environ if env is None else env
     host = env.get("TOPICS_HOST", "").strip() or "127.0.0.1"
-    port = _int(env, "TOPICS_PORT", 4000)
-    if port > 65535:
-        port = 4000
     if host.count(":") == 1 or (host.startswith("[") and "]:" in host):
-        # `host:port` form: TOPICS_PORT is ignored.
+        # `host:port` form (`[v6]:port` for IPv6): TOPICS_PORT is ignored.
         h, _, p = host.rpartition(":")
-        try:
-            port = int(p)
-            host = h
-        except ValueError:
-            pass
+        port = parse_port(p, f"TOPICS_HOST={host}")
+        host = h[1:-1] if h.startswith("[") and h.endswith("]") else h
+    else:
+        port = _port(env, "TOPICS_PORT", 4000)
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
     keys = parse_api_keys(env.get("TOPICS_API_KEYS", ""))
     allow_insecure = _bool(env, "TOPICS_ALLOW_INSECURE_NO_AUTH")
     if not keys and not allow_insecure and not is_loopback_host(host):
@@ -236,18 +295,14 @@ def load_config(env: Mapping[str, str] | None = None) -> ServerConfig:
         max_watch_topics=_int(env, "TOPICS_MAX_WATCH_TOPICS", d.max_watch_topics, minimum=1),
         max_claim=_int(env, "TOPICS_MAX_CLAIM", d.max_claim, minimum=1),
     )
-    hb = env.get("TOPICS_TEST_MIN_HEARTBEAT_MS")
     test_hb: int | None = None
-    if hb is not None:
-        try:
-            test_hb = min(max(int(hb.strip()), 1), 1000)
-        except ValueError:
-            test_hb = None
+    if env.get("TOPICS_TEST_MIN_HEARTBEAT_MS", "").strip():
+        # A test hook: any integer is accepted and clamped to [1, 1000] ms.
+        test_hb = min(max(_int(env, "TOPICS_TEST_MIN_HEARTBEAT_MS", 0, minimum=None), 1), 1000)
     shards_default = max(1, min(os.cpu_count() or 1, 8))
-    shards = _int(env, "TOPICS_WAL_SHARDS", shards_default, minimum=1)
-    kafka_port = _int(env, "TOPICS_KAFKA_PORT", 9092)
-    if kafka_port > 65535:
-        kafka_port = 9092
+    # `0` means "the default" here, as documented for TOPICS_WAL_SHARDS.
+    shards = _int(env, "TOPICS_WAL_SHARDS", shards_default) or shards_default
+    kafka_port = _port(env, "TOPICS_KAFKA_PORT", 9092)
     return ServerConfig(
         host=host,
         port=port,

@@ -8,7 +8,8 @@ dir no server is writing to (a live server's active WAL tail may read as torn).
   runs :func:`topics.storage.check.check`, prints a summary table and every
   problem, with a tqdm progress bar over the files on stderr (shown on a
   terminal). Exit 0 when nothing is corrupt (a torn tail is fine), 1 on
-  corruption, 2 on a usage error or a missing data dir.
+  corruption, 2 on a usage error or a missing data dir, or a directory that is
+  not a data dir (none of `wal/`, `meta/`, `topics/`, `.topics.lock` in it).
 * ``topics dump DATA_DIR [--wal] [--segments] [--topic HEX_ID] [--json]`` prints
   the WAL frames of every shard (the valid log, up to its end) and the segment
   records of every topic; with neither flag both. `--json` writes one JSON
@@ -294,6 +295,21 @@ def _data_dir_error(data_dir: str) -> str | None:
     return None
 
 
+# What every data directory a server has opened contains (README.md "Durability and
+# the data directory"): at least the lock file, and the WAL once recovery ran.
+_DATA_DIR_MARKERS = ("wal", "meta", "topics", ".topics.lock")
+
+
+def _not_a_data_dir(data_dir: str) -> str | None:
+    """A message when the directory `data_dir` holds none of the data-dir entries."""
+    if any(os.path.lexists(os.path.join(data_dir, m)) for m in _DATA_DIR_MARKERS):
+        return None
+    return (
+        f"{data_dir} is not a topics data directory "
+        "(it has no wal/, meta/, topics/ or .topics.lock)"
+    )
+
+
 def _rel(path: str, root: str) -> str:
     rel = os.path.relpath(path, root)
     return path if rel.startswith("..") else rel
@@ -400,7 +416,7 @@ def verify(
     fs: Fs | None = None,
 ) -> int:
     """Check `data_dir`, print the report; returns 0 (ok), 1 (corrupt) or 2 (usage)."""
-    err = _data_dir_error(data_dir) if fs is None else None
+    err = (_data_dir_error(data_dir) or _not_a_data_dir(data_dir)) if fs is None else None
     if err is not None:
         return _usage(err)
     if cold_dir is not None and fs is None and not os.path.isdir(cold_dir):

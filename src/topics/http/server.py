@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import socket
 from typing import Any
 from urllib.parse import unquote
 
@@ -494,19 +495,24 @@ class ServerHandle:
         await self._task
 
 
-async def start_server(app: Any, host: str, port: int, **kw: Any) -> ServerHandle:
+async def start_server(
+    app: Any, host: str, port: int, *, sockets: list[socket.socket] | None = None, **kw: Any
+) -> ServerHandle:
     """Start serving ``app`` on the running loop and return once the socket is listening.
 
     ``port=0`` binds an ephemeral port (read ``handle.port``); ``kw`` goes to
-    :func:`build_config`.  uvicorn's signal handlers are *not* installed: the
-    caller owns process signals and calls ``stop()``.
+    :func:`build_config`.  ``sockets``, when given, are already bound and
+    listening TCP sockets to serve on instead of binding ``host:port`` (the
+    caller reports bind errors itself; ``handle.port`` is the first one's).
+    uvicorn's signal handlers are *not* installed: the caller owns process
+    signals and calls ``stop()``.
     """
     config = build_config(app, host, port, **kw)
     config.load()
     server = uvicorn.Server(config)
     server.lifespan = config.lifespan_class(config)
     try:
-        await server.startup()
+        await server.startup(sockets=sockets)
     except SystemExit as exc:  # uvicorn exits on bind or lifespan-startup failure
         raise RuntimeError(
             f"HTTP server failed to start on {host}:{port} (exit code {exc.code})"

@@ -1,0 +1,98 @@
+"""`topics.config.load_config`: numeric variables, ports, and the errors they raise."""
+
+from __future__ import annotations
+
+import pytest
+
+from topics.config import PORT_MAX, ConfigError, load_config, parse_port
+
+
+def test_defaults_when_unset_or_blank() -> None:
+    cfg = load_config({})
+    assert (cfg.host, cfg.port, cfg.kafka_port) == ("127.0.0.1", 4000, 9092)
+    assert cfg.segment_max_events == 10_000 and cfg.limits.max_topics == 100_000
+    assert cfg.test_min_heartbeat_ms is None
+    blank = load_config(
+        {"TOPICS_PORT": "  ", "TOPICS_MAX_TOPICS": "", "TOPICS_TEST_MIN_HEARTBEAT_MS": " "}
+    )
+    assert (blank.port, blank.limits.max_topics, blank.test_min_heartbeat_ms) == (
+        4000,
+        100_000,
+        None,
+    )
+
+
+def test_numbers_are_trimmed_and_read() -> None:
+    cfg = load_config(
+        {
+            "TOPICS_PORT": " 0 ",
+            "TOPICS_KAFKA_PORT": "65535",
+            "TOPICS_SEGMENT_MAX_EVENTS": "\t7\n",
+            "TOPICS_MAX_TOTAL_BYTES": "0",
+            "TOPICS_CHECKPOINT_INTERVAL_MS": "0",
+            "TOPICS_WAL_SHARDS": "3",
+        }
+    )
+    assert (cfg.port, cfg.kafka_port, cfg.segment_max_events) == (0, 65535, 7)
+    assert (cfg.limits.max_total_bytes, cfg.checkpoint_interval_ms, cfg.wal_shards) == (0, 0, 3)
+
+
+@pytest.mark.parametrize(
+    ("env", "needle"),
+    [
+        ({"TOPICS_PORT": "65536"}, "TOPICS_PORT: port 65536 is out of range (0-65535)"),
+        ({"TOPICS_PORT": "-1"}, "TOPICS_PORT: port -1 is out of range"),
+        ({"TOPICS_PORT": "http"}, "TOPICS_PORT: 'http' is not a port number"),
+        ({"TOPICS_PORT": "80.5"}, "TOPICS_PORT: '80.5' is not a port number"),
+        ({"TOPICS_KAFKA_PORT": "99999"}, "TOPICS_KAFKA_PORT: port 99999 is out of range"),
+        ({"TOPICS_HOST": "127.0.0.1:70000"}, "TOPICS_HOST=127.0.0.1:70000: port 70000 is out"),
+        ({"TOPICS_HOST": "127.0.0.1:abc"}, "TOPICS_HOST=127.0.0.1:abc: 'abc' is not a port"),
+        ({"TOPICS_HOST": "localhost:"}, "TOPICS_HOST=localhost:: '' is not a port"),
+        ({"TOPICS_HOST": "[::1]:65536"}, "port 65536 is out of range"),
+        ({"TOPICS_MAX_TOPICS": "lots"}, "TOPICS_MAX_TOPICS: 'lots' is not an integer"),
+        ({"TOPICS_MAX_BODY_BYTES": "64MiB"}, "TOPICS_MAX_BODY_BYTES: '64MiB' is not an integer"),
+        ({"TOPICS_MAX_TOTAL_BYTES": "-5"}, "TOPICS_MAX_TOTAL_BYTES: -5 is below the minimum 0"),
+        ({"TOPICS_SEGMENT_MAX_EVENTS": "0"}, "TOPICS_SEGMENT_MAX_EVENTS: 0 is below the minimum 1"),
+        ({"TOPICS_MAX_LIMIT": "0"}, "TOPICS_MAX_LIMIT: 0 is below the minimum 1"),
+        ({"TOPICS_WAL_SHARDS": "two"}, "TOPICS_WAL_SHARDS: 'two' is not an integer"),
+        ({"TOPICS_WAL_SHARDS": "-2"}, "TOPICS_WAL_SHARDS: -2 is below the minimum 0"),
+        ({"TOPICS_CHECKPOINT_WAL_BYTES": "1e6"}, "TOPICS_CHECKPOINT_WAL_BYTES: '1e6' is not"),
+        ({"TOPICS_TEST_MIN_HEARTBEAT_MS": "fast"}, "TOPICS_TEST_MIN_HEARTBEAT_MS: 'fast'"),
+    ],
+)
+def test_bad_numbers_are_errors_naming_the_variable(env: dict[str, str], needle: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(env)
+    msg = str(info.value)
+    assert needle in msg
+    assert "\n" not in msg
+
+
+def test_host_port_form() -> None:
+    cfg = load_config({"TOPICS_HOST": " 127.0.0.1:5001 ", "TOPICS_PORT": "9"})
+    assert (cfg.host, cfg.port) == ("127.0.0.1", 5001)
+    # In the host:port form TOPICS_PORT is not read at all, so it cannot fail.
+    cfg = load_config({"TOPICS_HOST": "localhost:0", "TOPICS_PORT": "junk"})
+    assert (cfg.host, cfg.port) == ("localhost", 0)
+    cfg = load_config({"TOPICS_HOST": "[::1]:4100"})
+    assert (cfg.host, cfg.port) == ("::1", 4100)
+    cfg = load_config({"TOPICS_HOST": "::1", "TOPICS_PORT": "4101"})
+    assert (cfg.host, cfg.port) == ("::1", 4101)
+    cfg = load_config({"TOPICS_HOST": "[::1]"})
+    assert (cfg.host, cfg.port) == ("::1", 4000)
+
+
+def test_wal_shards_zero_means_default_and_heartbeat_is_clamped() -> None:
+    default = load_config({}).wal_shards
+    assert load_config({"TOPICS_WAL_SHARDS": "0"}).wal_shards == default >= 1
+    assert load_config({"TOPICS_TEST_MIN_HEARTBEAT_MS": "0"}).test_min_heartbeat_ms == 1
+    assert load_config({"TOPICS_TEST_MIN_HEARTBEAT_MS": "-9"}).test_min_heartbeat_ms == 1
+    assert load_config({"TOPICS_TEST_MIN_HEARTBEAT_MS": "50"}).test_min_heartbeat_ms == 50
+    assert load_config({"TOPICS_TEST_MIN_HEARTBEAT_MS": "5000"}).test_min_heartbeat_ms == 1000
+
+
+def test_parse_port_bounds() -> None:
+    assert parse_port(" 0", "x") == 0 and parse_port(str(PORT_MAX), "x") == PORT_MAX
+    for bad in ("65536", "-1", "", "0x50", "4 000"):
+        with pytest.raises(ConfigError, match="^--port: "):
+            parse_port(bad, "--port")
