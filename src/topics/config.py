@@ -2,17 +2,19 @@
 
 :func:`load_config` turns an environment mapping into a frozen
 :class:`ServerConfig` (the variables are listed in README.md "Configuration").
-Numeric variables are whitespace-trimmed; unset or empty means the default. A
-value that is not an integer, or is outside the variable's range (a port must be
-0-65535, a count at least 0 or 1), aborts startup with a :class:`ConfigError`
-naming the variable, as do a malformed API-key scope and an insecure non-loopback
-bind without keys.
+Numeric variables are whitespace-trimmed; unset or empty means the default, and
+a value that is not an integer or is outside the variable's range also falls
+back to the default, with a warning naming the variable. Ports are stricter: a
+port that is not 0-65535 aborts startup with a :class:`ConfigError` naming the
+variable, as do a malformed API-key scope and an insecure non-loopback bind
+without keys.
 """
 
 from __future__ import annotations
 
 import hashlib
 import ipaddress
+import logging
 import os
 import socket
 from collections.abc import Mapping
@@ -196,10 +198,8 @@ def _int(
     minimum: int | None = 0,
     maximum: int | None = None,
 ) -> int:
-    """`env[name]` as an int in `[minimum, maximum]`; unset or blank gives `default`.
-
-    Raises :class:`ConfigError` naming the variable otherwise.
-    """
+    """`env[name]` as an int in `[minimum, maximum]`; unset, blank or invalid gives
+    `default` (an invalid value is logged as a warning naming the variable)."""
     raw = env.get(name)
     if raw is None or not raw.strip():
         return default
@@ -207,11 +207,18 @@ def _int(
     try:
         value = int(text)
     except ValueError:
-        raise ConfigError(f"{name}: {text!r} is not an integer") from None
-    if minimum is not None and value < minimum:
-        raise ConfigError(f"{name}: {value} is below the minimum {minimum}")
-    if maximum is not None and value > maximum:
-        raise ConfigError(f"{name}: {value} is above the maximum {maximum}")
+        value = None
+    if (
+        value is None
+        or (minimum is not None and value < minimum)
+        or (maximum is not None and value > maximum)
+    ):
+        # The wire contract keeps startup going on a bad number (the default
+        # applies); it is said once, on stderr, naming the variable.
+        logging.getLogger("topics.config").warning(
+            "%s: %r is not a valid value; using the default %d", name, text, default
+        )
+        return default
     return value
 
 
@@ -250,8 +257,8 @@ def is_loopback_host(host: str) -> bool:
 def load_config(env: Mapping[str, str] | None = None) -> ServerConfig:
     """Build a :class:`ServerConfig` from `env` (default `os.environ`).
 
-    Raises :class:`ConfigError` (one line naming the variable) for a numeric
-    variable that is not an integer or is out of range, a port outside 0-65535
+    Raises :class:`ConfigError` (one line naming the variable) for a port
+    that is not 0-65535
     (in `TOPICS_PORT`, `TOPICS_KAFKA_PORT` or the `host:port` form of
     `TOPICS_HOST`), a malformed scope token, or a non-loopback bind with no keys
     unless `TOPICS_ALLOW_INSECURE_NO_AUTH` is `1`/`true`.

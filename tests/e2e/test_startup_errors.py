@@ -120,9 +120,6 @@ def busy_port() -> Iterator[int]:
         ({"TOPICS_HOST": "127.0.0.1:70000"}, ("TOPICS_HOST", "70000", "0-65535")),
         ({"TOPICS_HOST": "127.0.0.1:http"}, ("TOPICS_HOST", "'http'", "not a port")),
         ({"TOPICS_KAFKA_PORT": "123456"}, ("TOPICS_KAFKA_PORT", "123456", "0-65535")),
-        ({"TOPICS_MAX_TOPICS": "lots"}, ("TOPICS_MAX_TOPICS", "'lots'", "not an integer")),
-        ({"TOPICS_SEGMENT_MAX_EVENTS": "0"}, ("TOPICS_SEGMENT_MAX_EVENTS", "minimum 1")),
-        ({"TOPICS_WAL_SHARDS": "4.5"}, ("TOPICS_WAL_SHARDS", "'4.5'", "not an integer")),
     ],
 )
 def test_bad_setting_is_one_line_and_exit_2(
