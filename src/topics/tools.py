@@ -189,8 +189,8 @@ def repair(data_dir: str, *, dry_run: bool = False, fs: Fs | None = None) -> int
         return _usage(str(exc))
     try:
         plan = plan_repair(fs, data_dir)
-        if not plan.shards:
-            print(f"topics repair: {data_dir}: no WAL damage found; nothing to do")
+        if not plan.shards and not plan.segments:
+            print(f"topics repair: {data_dir}: no damage found; nothing to do")
             return EXIT_OK
         for line in plan.lines():
             print(line)

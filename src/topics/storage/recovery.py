@@ -71,8 +71,9 @@ from topics.storage.frame import (
 from topics.storage.fs import Fs
 from topics.storage.journal import shard_dirs, shard_of
 from topics.storage.meta import restore_topic
+from topics.storage.segment import scan_segments, topic_dir
 from topics.storage.snapshot import load_latest
-from topics.storage.topicstore import LoadedTopic, TopicStore, load_topic
+from topics.storage.topicstore import LoadedTopic, TopicStore, check_published, load_topic
 from topics.storage.wal import (
     ScannedFile,
     ShardScan,
@@ -184,6 +185,22 @@ def load_data_dir(
             raise WalDamage(sc.dir, sc.damage)
     try:
         ids = set(_topic_ids(fs, data_dir)) | (set(_topic_ids(fs, cold_dir)) if cold_dir else set())
+        # Every segment the snapshot relies on is checked before any topic directory
+        # changes (a stray removed, an active tail cut): damage leaves all as it was.
+        ckpts = {int(m["id"]): int(m.get("ckpt", 0)) for m in (body or {}).get("topics") or []}
+        lost = lost_ranges(body, scans)
+        for tid in sorted(ids):
+            d = topic_dir(data_dir, tid)
+            segs = scan_segments(fs, d)
+            check_published(
+                fs,
+                d,
+                tid,
+                ckpts.get(tid),
+                [first for first, _p in segs.segments],
+                segs.strays,
+                lost.get(tid, []),
+            )
         topics = {tid: load_topic(fs, data_dir, tid, cold_dir) for tid in sorted(ids)}
         for sc in scans[: len(layout)]:
             shards.append(WalShard.open_scanned(fs, sc, **shard_kw))
@@ -192,6 +209,30 @@ def load_data_dir(
             sh.close()
         raise
     return Loaded(snap_n, body, shards, scans, leftovers, topics, data_dir)
+
+
+def lost_ranges(
+    body: dict[str, Any] | None, scans: list[ShardScan]
+) -> dict[int, list[tuple[int, int]]]:
+    """Per topic id, the seq ranges recorded as lost: the snapshot's `lost` lists and
+    the Lost frames of the scanned WAL (written by `topics repair`)."""
+    out: dict[int, list[tuple[int, int]]] = {}
+    for m in (body or {}).get("topics") or []:
+        for a, b in m.get("lost") or []:
+            out.setdefault(int(m["id"]), []).append((int(a), int(b)))
+    for sc in scans:
+        for f in sc.files:
+            sel = (f.cols["type"] == LOST) & (f.cols["topic_id"] != 0)
+            for off in f.cols["off"][sel].tolist():
+                fr = decode_frame(f.buf, off)
+                if not isinstance(fr, Frame):
+                    continue
+                try:
+                    lb = fr.control()
+                    out.setdefault(fr.topic_id, []).append((int(lb["first"]), int(lb["last"])))
+                except (FrameError, KeyError, TypeError, ValueError):
+                    continue
+    return out
 
 
 def recover(

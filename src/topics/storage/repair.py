@@ -44,8 +44,11 @@ from topics.storage.frame import (
     encode_frame,
 )
 from topics.storage.fs import Fs, write_all
-from topics.storage.journal import shard_dirs
+from topics.storage.journal import shard_dirs, shard_of
+from topics.storage.recovery import lost_ranges
+from topics.storage.segment import scan_segments, segment_paths, topic_dir
 from topics.storage.snapshot import load_latest
+from topics.storage.topicstore import SegmentDamage, check_published
 from topics.storage.wal import (
     Damage,
     ShardScan,
@@ -78,11 +81,24 @@ class ShardRepair:
 
 
 @dataclass
+class SegmentRepair:
+    """A damaged segment the snapshot relies on: its surviving files move to the
+    quarantine and `ranges` (its seqs) are recorded as lost."""
+
+    topic_id: int
+    files: list[str]
+    ranges: list[tuple[int, int]]
+    problems: list[str]
+
+
+@dataclass
 class RepairPlan:
-    """Every shard that needs repair; `ok` is False when some damage cannot be salvaged."""
+    """Every shard and segment that needs repair; `ok` is False when some damage
+    cannot be salvaged."""
 
     data_dir: str
     shards: list[ShardRepair]
+    segments: list[SegmentRepair] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -91,6 +107,11 @@ class RepairPlan:
     def lines(self) -> list[str]:
         """A human-readable plan, one line per action."""
         out: list[str] = []
+        for sg in self.segments:
+            for p in sg.problems:
+                out.append(f"damage  {p}")
+            for f in sg.files:
+                out.append(f"move    {posixpath.relpath(f, self.data_dir)} to the quarantine")
         for sr in self.shards:
             rel = posixpath.relpath(sr.dir, self.data_dir)
             for d in sr.damage:
@@ -122,6 +143,21 @@ def _existing_shard_dirs(fs: Fs, data_dir: str) -> list[str]:
         out.append(root)
     out += [posixpath.join(root, n) for n in sorted(names) if n.startswith("shard-")]
     return out
+
+
+def _topic_ids(fs: Fs, data_dir: str) -> list[int]:
+    try:
+        names = fs.listdir(posixpath.join(data_dir, "topics"))
+    except FileNotFoundError:
+        return []
+    out = []
+    for n in names:
+        if len(n) == 16:
+            try:
+                out.append(int(n, 16))
+            except ValueError:
+                continue
+    return sorted(out)
 
 
 def _parse_headers(buf: bytes, start: int, end: int) -> tuple[list[tuple[int, int]], int]:
@@ -217,7 +253,8 @@ def _filler(frames: int, size: int) -> bytes:
 
 
 def plan_repair(fs: Fs, data_dir: str) -> RepairPlan:
-    """Scan every shard from the newest snapshot's positions; plan the salvage.
+    """Scan every shard from the newest snapshot's positions and every topic's
+    segments the snapshot relies on; plan the salvage.
 
     Reads only. Raises OSError when a file cannot be read.
     """
@@ -229,15 +266,48 @@ def plan_repair(fs: Fs, data_dir: str) -> RepairPlan:
             str(pos[0]), int(pos[1]), int(pos[2])
         )
     heads = {int(m["id"]): int(m.get("head", 0)) for m in body.get("topics") or []}
+    ckpts = {int(m["id"]): int(m.get("ckpt", 0)) for m in body.get("topics") or []}
     shards: list[ShardRepair] = []
     dirs = _existing_shard_dirs(fs, data_dir) or shard_dirs(data_dir, 1)
+    scans: dict[str, ShardScan] = {}
     for d in dirs:
         sc = scan_shard(fs, d, positions.get(posixpath.normpath(d)))
+        scans[d] = sc
         if sc.damage:
             sr = _plan_shard(fs, sc, heads)
             sr.__dict__["scan"] = sc
             shards.append(sr)
-    return RepairPlan(data_dir, shards)
+    plan = RepairPlan(data_dir, shards)
+    lost = lost_ranges(body, list(scans.values()))
+    for tid in _topic_ids(fs, data_dir):
+        d = topic_dir(data_dir, tid)
+        segs = scan_segments(fs, d)
+        listed = [first for first, _p in segs.segments]
+        try:
+            check_published(fs, d, tid, ckpts.get(tid), listed, segs.strays, lost.get(tid, []))
+        except SegmentDamage as exc:
+            files: list[str] = []
+            starts = sorted({*listed, *(int(posixpath.basename(p)[4:20]) for p in segs.strays)})
+            ranges: list[tuple[int, int]] = []
+            for a, b in exc.ranges:
+                # The whole segment holding the damage moves aside (an active one cut
+                # short loses the seqs it held, said as lost rather than truncated).
+                first = max([x for x in starts if x <= a], default=a)
+                paths = segment_paths(d, first)
+                files += [p for p in (paths.data, paths.idx) if fs.exists(p)]
+                ranges.append((first, b))
+            plan.segments.append(SegmentRepair(tid, sorted(set(files)), ranges, exc.problems))
+            # The lost seqs are logged in the topic's shard, like WAL damage.
+            shard = dirs[shard_of(tid, len(dirs))] if len(dirs) > 1 else dirs[0]
+            sr2 = next((x for x in plan.shards if x.dir == shard), None)
+            if sr2 is None:
+                sr2 = ShardRepair(shard, [])
+                sr2.__dict__["scan"] = scans.get(shard) or scan_shard(fs, shard)
+                plan.shards.append(sr2)
+            for a, b in ranges:
+                _add(sr2.lost, tid, a, b)
+            sr2.lost = {t: _merge(r) for t, r in sr2.lost.items()}
+    return plan
 
 
 def apply_repair(fs: Fs, plan: RepairPlan, *, clock: Clock | None = None) -> str:
@@ -255,7 +325,28 @@ def apply_repair(fs: Fs, plan: RepairPlan, *, clock: Clock | None = None) -> str
     now = clock.now_ms()
     stamp = f"repair-{now}"
     qroot = posixpath.join(plan.data_dir, "quarantine", stamp)
-    manifest: dict[str, Any] = {"stamp": stamp, "shards": []}
+    manifest: dict[str, Any] = {"stamp": stamp, "shards": [], "segments": []}
+    for sg in plan.segments:
+        for path in sg.files:
+            dest = posixpath.join(qroot, posixpath.relpath(path, plan.data_dir))
+            fs.makedirs(posixpath.dirname(dest))
+            f = fs.open(path)
+            try:
+                _write_file(fs, dest, f.pread(f.size(), 0))
+            finally:
+                f.close()
+            fs.fsync_dir(posixpath.dirname(dest))
+            fs.unlink(path)  # moved: the bytes are in the quarantine, synced
+        if sg.files:
+            fs.fsync_dir(posixpath.dirname(sg.files[0]))
+        manifest["segments"].append(
+            {
+                "topic": f"{sg.topic_id:016x}",
+                "moved": [posixpath.relpath(p, plan.data_dir) for p in sg.files],
+                "problems": sg.problems,
+                "lost": [list(r) for r in sg.ranges],
+            }
+        )
     for sr in plan.shards:
         sc: ShardScan = sr.__dict__["scan"]
         rel = posixpath.relpath(sr.dir, plan.data_dir)

@@ -25,11 +25,13 @@ the pair was durable) is removed.
 
 from __future__ import annotations
 
+import errno
 import logging
 import mmap
 import posixpath
 from bisect import bisect_right
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -281,20 +283,145 @@ def _rows(
     return rows, int(np.count_nonzero(deleted))
 
 
-def load_topic(fs: Fs, root: str, topic_id: int, cold_root: str | None = None) -> LoadedTopic:
+class SegmentDamage(OSError):
+    """A segment the newest snapshot relies on is missing a part, short, or its
+    `.idx` disagrees with its `.data`: recovery refuses to start with nothing
+    changed (docs/FORMATS.md, "Segments the snapshot relies on").
+
+    `topic_id` is the topic instance, `problems` one line per damaged segment,
+    `ranges` the `(first, last)` seqs each damaged segment held (as far as
+    its surviving part tells).
+    """
+
+    def __init__(self, topic_id: int, problems: list[str], ranges: list[tuple[int, int]]) -> None:
+        self.topic_id = topic_id
+        self.problems = problems
+        self.ranges = ranges
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        super().__init__(
+            errno.EIO,
+            f"segment damage in topic {topic_id:016x}: {problems[0]}{more}; refusing to start "
+            "with nothing changed on disk; inspect with `topics verify`, salvage with "
+            "`topics repair`",
+        )
+
+
+def _first_of(path: str) -> int:
+    return int(posixpath.basename(path)[4:20])
+
+
+def check_published(
+    fs: Fs,
+    d: str,
+    topic_id: int,
+    ckpt: int | None,
+    listed: list[int],
+    strays: list[str],
+    lost: Sequence[tuple[int, int]] = (),
+) -> None:
+    """Refuse (:class:`SegmentDamage`) when a segment the snapshot relies on is damaged.
+
+    `ckpt` is the snapshot's last checkpointed seq of the topic (None: the topic
+    is not in the snapshot, so none of its segments is relied on); a segment
+    starting at or below it was published. Checked, reading only: a published
+    half without its partner; a sealed `.idx` that is not whole entries or whose
+    entries do not tile `.data` exactly; the newest segment's entries up to
+    `ckpt` not whole or pointing past `.data`. Damage wholly inside `lost`
+    (seq ranges `topics repair` already recorded as lost) is not raised again.
+    Raises OSError from the fs.
+    """
+    if ckpt is None:
+        return
+    problems: list[str] = []
+    ranges: list[tuple[int, int]] = []
+    starts = sorted([*listed, *(_first_of(p) for p in strays)])
+
+    def until(first: int, count: int | None) -> int:
+        if count is not None:
+            return first + count - 1
+        later = [x for x in starts if x > first]
+        return (later[0] - 1) if later else ckpt
+
+    for path in strays:
+        first = _first_of(path)
+        if first > ckpt:
+            continue  # written by a checkpoint that never published its snapshot
+        has_idx = path.endswith(".idx")
+        count = _file_size(fs, path) // IDX_ENTRY_SIZE if has_idx else None
+        other = ".data" if has_idx else ".idx"
+        problems.append(f"{path}: its {other} is missing")
+        ranges.append((first, min(until(first, count), ckpt)))
+    for i, first in enumerate(listed):
+        if first > ckpt:
+            continue
+        paths = segment_paths(d, first)
+        idx_size = _file_size(fs, paths.idx)
+        data_size = _file_size(fs, paths.data)
+        raw = _read_all(fs, paths.idx)
+        newest = i == len(listed) - 1
+        if newest:
+            need = ckpt - first + 1
+            if len(raw) // IDX_ENTRY_SIZE < need:
+                have = len(raw) // IDX_ENTRY_SIZE
+                problems.append(
+                    f"{paths.idx}: {have} entries, but the snapshot relies on {need} "
+                    f"(seqs {first + have}..{ckpt} are missing)"
+                )
+                ranges.append((first + have, ckpt))
+                continue
+            raw = raw[: need * IDX_ENTRY_SIZE]
+        elif idx_size % IDX_ENTRY_SIZE:
+            problems.append(f"{paths.idx}: {idx_size} bytes is not whole 20-byte entries")
+            ranges.append((first, until(first, None)))
+            continue
+        e = np.frombuffer(raw, IDX_ENTRY_DTYPE)
+        off = e["offset"].astype(np.int64)
+        ln = e["len"].astype(np.int64)
+        end = off + ln
+        bad = len(e) > 0 and (
+            off[0] != 0
+            or bool(np.any(off[1:] != end[:-1]))
+            or (int(end[-1]) != data_size if not newest else int(end[-1]) > data_size)
+        )
+        if bad:
+            why = "is short" if len(e) and int(end[-1]) > data_size else "disagrees with its .idx"
+            problems.append(
+                f"{paths.data} ({data_size} bytes) {why} (seqs {first}..{first + len(e) - 1})"
+            )
+            ranges.append((first, first + len(e) - 1))
+    keep = [
+        (p, r)
+        for p, r in zip(problems, ranges, strict=True)
+        if not any(a <= r[0] and r[1] <= b for a, b in lost)
+    ]
+    if keep:
+        raise SegmentDamage(topic_id, [p for p, _r in keep], [r for _p, r in keep])
+
+
+def load_topic(
+    fs: Fs,
+    root: str,
+    topic_id: int,
+    cold_root: str | None = None,
+    *,
+    ckpt: int | None = None,
+) -> LoadedTopic:
     """Load the segments of topic instance `topic_id` under data dir `root`.
 
     Segments are listed through the topic's tier (HOT preferred when a segment is
-    in both). The newest is resumed as the active one (its torn tail, if any, is
-    truncated: the WAL still holds those records); older ones are sealed and only
-    their `.idx` is read. Raises OSError from the fs.
+    in both). The newest is resumed as the active one (its torn tail past `ckpt`,
+    if any, is truncated: the WAL still holds those records); older ones are
+    sealed and only their `.idx` is read. `ckpt` is the newest snapshot's last
+    checkpointed seq of this topic (None when the snapshot does not list it): a
+    damaged segment at or below it raises :class:`SegmentDamage` before anything
+    changes (:func:`check_published`). Raises OSError from the fs.
     """
     store = TopicStore.create(fs, root, topic_id, cold_root)
     d = store.dir
     scan = scan_segments(fs, d)
-    # A segment's entries become durable only after its `.data` and both names are:
-    # a half without its pair never held anything a snapshot relies on (the WAL
-    # still has those records), so it goes.
+    check_published(fs, d, topic_id, ckpt, [first for first, _p in scan.segments], scan.strays)
+    # A half without its pair that no snapshot relies on was written by a checkpoint
+    # that never published its snapshot (the WAL still has those records): it goes.
     for path in scan.strays:
         log.warning("removing segment half without its pair: %s", path)
         fs.unlink(path)

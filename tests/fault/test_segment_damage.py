@@ -1,0 +1,133 @@
+"""Segments the snapshot relies on: damage refuses the start, repair records the loss.
+
+A topic gets three sealed segments of 8 records and a partly filled active one
+(checkpointed, so the WAL no longer holds those records). Then one part of a
+segment is removed, cut short or made to disagree with its partner. Recovery
+refuses with nothing changed on disk (the intact partner is never deleted);
+`topics repair` moves the damaged segment to the quarantine and records its
+seqs as lost; afterwards every other record reads back, a read across the lost
+seqs gets a `corrupt` tombstone for exactly them, and new writes continue above
+the old head. A half that the newest snapshot does not rely on (written by an
+interrupted checkpoint) is still removed as before.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Callable
+
+import pytest
+
+from tests.support.durable import DATA_DIR, Durable, make_records
+from tests.support.fakedisk import FakeDisk
+from topics.clock import TestClock
+from topics.engine.core import DiffParams
+from topics.storage.repair import apply_repair, plan_repair
+from topics.storage.segment import scan_segments, topic_dir
+from topics.storage.topicstore import SegmentDamage
+
+SEG = 8
+
+
+def _build() -> tuple[FakeDisk, Durable, str, list[int]]:
+    disk = FakeDisk()
+    h = Durable(disk, shards=1, segment_max_events=SEG)
+    h.open()
+    assert h.put_topic("s", {"durability": "fsync"})
+    for i in range(3 * SEG + 3):
+        assert h.write("s", make_records(f"s{i}", 1, size=60)).ok
+    h.checkpoint()
+    h.checkpoint()  # the fallback snapshot no longer needs the WAL either
+    tid = h.eng().require("s").topic_id
+    d = topic_dir(DATA_DIR, tid)
+    firsts = [first for first, _p in scan_segments(disk, d).segments]
+    assert firsts == [1, 1 + SEG, 1 + 2 * SEG, 1 + 3 * SEG]
+    h.close()
+    return disk, h, d, firsts
+
+
+def _remove(path: str) -> Callable[[FakeDisk], None]:
+    def act(disk: FakeDisk) -> None:
+        disk.unlink(path)
+        disk.fsync_dir(posixpath.dirname(path))
+
+    return act
+
+
+def _truncate(path: str, keep: int) -> Callable[[FakeDisk], None]:
+    def act(disk: FakeDisk) -> None:
+        f = disk.open(path, write=True)
+        f.truncate(keep)
+        f.fdatasync()
+        f.close()
+
+    return act
+
+
+def _poke_idx_len(path: str) -> Callable[[FakeDisk], None]:
+    def act(disk: FakeDisk) -> None:
+        disk.poke(path, 20 * 3 + 4, b"\x07\x00\x00\x00")  # entry 3's len field
+
+    return act
+
+
+CASES = {
+    "idx-missing": lambda d: _remove(posixpath.join(d, f"seg-{1 + SEG:016d}.idx")),
+    "data-missing": lambda d: _remove(posixpath.join(d, f"seg-{1 + SEG:016d}.data")),
+    "data-short": lambda d: _truncate(posixpath.join(d, f"seg-{1 + SEG:016d}.data"), 100),
+    "idx-short": lambda d: _truncate(posixpath.join(d, f"seg-{1 + SEG:016d}.idx"), 20 * 3 + 7),
+    "idx-mismatch": lambda d: _poke_idx_len(posixpath.join(d, f"seg-{1 + SEG:016d}.idx")),
+    "active-idx-short": lambda d: _truncate(posixpath.join(d, f"seg-{1 + 3 * SEG:016d}.idx"), 20),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_damaged_published_segment_refuses_then_repair_tombstones(case: str) -> None:
+    disk, h, d, firsts = _build()
+    with h:
+        disk.crash()
+        disk.recover()
+        CASES[case](d)(disk)
+        image = disk.snapshot_durable()
+        with pytest.raises(SegmentDamage) as ei:
+            h.reopen()
+        assert "segment damage" in str(ei.value)
+        assert disk.snapshot_durable() == image, "a refused start changed the disk"
+        plan = plan_repair(disk, DATA_DIR)
+        assert plan.ok and plan.segments, plan.lines()
+        apply_repair(disk, plan, clock=TestClock())
+        h.reopen()
+        t = h.eng().require("s")
+        lo, hi = plan.segments[0].ranges[0]
+        assert lo in firsts
+        got = [r["$seq"] for r in h.read_all("s") or []]
+        assert got == [s for s in range(1, 3 * SEG + 4) if not lo <= s <= hi]
+        _t, r = h.eng().diff("s", DiffParams(lo - 1, 1000, None, False, True, 0, 1 << 20))
+        assert r.tombstone is not None and r.tombstone.reason == "corrupt"
+        assert (r.tombstone.gap_from, r.tombstone.gap_to) == (lo, hi)
+        head = t.head_seq
+        out = h.write("s", make_records("after", 1, size=60))
+        assert out.ok and out.first_seq == head + 1
+        # Survives a checkpoint and a restart.
+        h.checkpoint()
+        h.restart()
+        assert [r["$seq"] for r in h.read_all("s") or []] == [*got, head + 1]
+        assert h.eng().require("s").lost == [(lo, hi)]
+        h.close()
+
+
+def test_unpublished_half_is_removed_as_an_interrupted_checkpoint() -> None:
+    disk, h, d, firsts = _build()
+    with h:
+        disk.crash()
+        disk.recover()
+        stray = posixpath.join(d, f"seg-{1000:016d}.data")  # beyond the snapshot's ckpt
+        f = disk.open(stray, create=True, write=True)
+        f.pwrite(b"x" * 50, 0)
+        f.fdatasync()
+        f.close()
+        disk.fsync_dir(d)
+        h.reopen()
+        assert not disk.exists(stray)
+        assert [r["$seq"] for r in h.read_all("s") or []] == list(range(1, 3 * SEG + 4))
+        h.close()
