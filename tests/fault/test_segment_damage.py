@@ -71,13 +71,17 @@ def _poke_idx_len(path: str) -> Callable[[FakeDisk], None]:
     return act
 
 
-CASES = {
-    "idx-missing": lambda d: _remove(posixpath.join(d, f"seg-{1 + SEG:016d}.idx")),
-    "data-missing": lambda d: _remove(posixpath.join(d, f"seg-{1 + SEG:016d}.data")),
-    "data-short": lambda d: _truncate(posixpath.join(d, f"seg-{1 + SEG:016d}.data"), 100),
-    "idx-short": lambda d: _truncate(posixpath.join(d, f"seg-{1 + SEG:016d}.idx"), 20 * 3 + 7),
-    "idx-mismatch": lambda d: _poke_idx_len(posixpath.join(d, f"seg-{1 + SEG:016d}.idx")),
-    "active-idx-short": lambda d: _truncate(posixpath.join(d, f"seg-{1 + 3 * SEG:016d}.idx"), 20),
+def _seg(d: str, first: int, ext: str) -> str:
+    return posixpath.join(d, f"seg-{first:016d}.{ext}")
+
+
+CASES: dict[str, Callable[[str, int], Callable[[FakeDisk], None]]] = {
+    "idx-missing": lambda d, f: _remove(_seg(d, f, "idx")),
+    "data-missing": lambda d, f: _remove(_seg(d, f, "data")),
+    "data-short": lambda d, f: _truncate(_seg(d, f, "data"), 100),
+    "idx-short": lambda d, f: _truncate(_seg(d, f, "idx"), 20 * 3 + 7),
+    "idx-mismatch": lambda d, f: _poke_idx_len(_seg(d, f, "idx")),
+    "active-idx-short": lambda d, f: _truncate(_seg(d, 1 + 3 * SEG, "idx"), 20),
 }
 
 
@@ -87,7 +91,7 @@ def test_damaged_published_segment_refuses_then_repair_tombstones(case: str) -> 
     with h:
         disk.crash()
         disk.recover()
-        CASES[case](d)(disk)
+        CASES[case](d, 1 + SEG)(disk)
         image = disk.snapshot_durable()
         with pytest.raises(SegmentDamage) as ei:
             h.reopen()
@@ -130,4 +134,38 @@ def test_unpublished_half_is_removed_as_an_interrupted_checkpoint() -> None:
         h.reopen()
         assert not disk.exists(stray)
         assert [r["$seq"] for r in h.read_all("s") or []] == list(range(1, 3 * SEG + 4))
+        h.close()
+
+
+@pytest.mark.parametrize("case", ["idx-missing", "data-short", "idx-mismatch"])
+def test_segment_the_wal_still_holds_is_rebuilt_from_it(case: str) -> None:
+    """A damaged segment written after the fallback snapshot's checkpoint: the WAL
+    kept for that snapshot still holds its records, so recovery sets the damaged
+    files aside, starts from the fallback snapshot and replays them; nothing is
+    lost and nothing is recorded as lost."""
+    disk = FakeDisk()
+    with Durable(disk, shards=1, segment_max_events=SEG) as h:
+        h.open()
+        assert h.put_topic("s", {"durability": "fsync"})
+        for i in range(SEG + 2):
+            assert h.write("s", make_records(f"s{i}", 1, size=60)).ok
+        h.checkpoint()  # the fallback: checkpointed up to seq 10
+        for i in range(SEG + 2, 3 * SEG + 3):
+            assert h.write("s", make_records(f"s{i}", 1, size=60)).ok
+        h.checkpoint()  # the newest: relies on seg-17 (seqs 17..24)
+        want = [r["$seq"] for r in h.read_all("s") or []]
+        assert want == list(range(1, 3 * SEG + 4))
+        d = topic_dir(DATA_DIR, h.eng().require("s").topic_id)
+        h.shutdown()
+        disk.crash()
+        disk.recover()
+        CASES[case](d, 1 + 2 * SEG)(disk)  # seqs 17..24: after the fallback's head (10)
+        h.reopen()
+        assert [r["$seq"] for r in h.read_all("s") or []] == want
+        assert h.eng().require("s").lost == []
+        kept = [n for n in disk.listdir(posixpath.join(DATA_DIR, "quarantine"))]
+        assert len(kept) == 1 and kept[0].startswith("rebuild-")
+        h.checkpoint()
+        h.crash_and_recover()
+        assert [r["$seq"] for r in h.read_all("s") or []] == want
         h.close()

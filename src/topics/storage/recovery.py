@@ -68,12 +68,19 @@ from topics.storage.frame import (
     FrameError,
     decode_frame,
 )
-from topics.storage.fs import Fs
+from topics.storage.fs import Fs, write_all
 from topics.storage.journal import shard_dirs, shard_of
 from topics.storage.meta import restore_topic
-from topics.storage.segment import scan_segments, topic_dir
-from topics.storage.snapshot import load_latest
-from topics.storage.topicstore import LoadedTopic, TopicStore, check_published, load_topic
+from topics.storage.segment import scan_segments, segment_paths, topic_dir
+from topics.storage.snapshot import load_latest, load_valid
+from topics.storage.topicstore import (
+    LoadedTopic,
+    SegmentDamage,
+    TopicStore,
+    check_published,
+    load_topic,
+    published_upto,
+)
 from topics.storage.wal import (
     ScannedFile,
     ShardScan,
@@ -151,47 +158,40 @@ def _topic_ids(fs: Fs, data_dir: str) -> list[int]:
     return sorted(out)
 
 
-def load_data_dir(
-    fs: Fs, data_dir: str, n_shards: int, cold_dir: str | None = None, **shard_kw: Any
-) -> Loaded:
-    """Step 1: snapshot, shards (opened from their snapshot positions), segments.
-
-    Pure I/O, no engine state: safe in a worker thread. Raises OSError (a shard
-    or segment that cannot be read or repaired: nothing is served over a
-    half-read directory).
-    """
-    found = load_latest(fs, posixpath.join(data_dir, "meta"))
-    snap_n, body = found if found is not None else (0, None)
+def _positions(data_dir: str, body: dict[str, Any] | None) -> dict[str, WalPosition]:
     positions: dict[str, WalPosition] = {}
-    if body is not None:
-        for rel, pos in (body.get("wal") or {}).items():
-            positions[posixpath.normpath(posixpath.join(data_dir, str(rel)))] = WalPosition(
-                str(pos[0]), int(pos[1]), int(pos[2])
-            )
-    layout = shard_dirs(data_dir, n_shards)
-    scans: list[ShardScan] = []
-    shards: list[WalShard] = []
+    for rel, pos in ((body or {}).get("wal") or {}).items():
+        positions[posixpath.normpath(posixpath.join(data_dir, str(rel)))] = WalPosition(
+            str(pos[0]), int(pos[1]), int(pos[2])
+        )
+    return positions
+
+
+def _scan_all(
+    fs: Fs, data_dir: str, layout: list[str], body: dict[str, Any] | None
+) -> tuple[list[ShardScan], list[str]]:
+    """Scan (read-only) every shard of `layout`, then every other shard directory."""
+    positions = _positions(data_dir, body)
+    scans = [scan_shard(fs, d, positions.get(posixpath.normpath(d))) for d in layout]
     leftovers: list[str] = []
-    # Every shard is scanned (read-only) before anything on disk changes: damage in
-    # any of them stops the start with the directory exactly as it was.
-    for d in layout:
-        scans.append(scan_shard(fs, d, positions.get(posixpath.normpath(d))))
     for d in _existing_shard_dirs(fs, data_dir):
         if d not in layout:
             scans.append(scan_shard(fs, d, positions.get(posixpath.normpath(d))))
             leftovers.append(d)
-    for sc in scans:
-        if sc.damage:
-            raise WalDamage(sc.dir, sc.damage)
-    try:
-        ids = set(_topic_ids(fs, data_dir)) | (set(_topic_ids(fs, cold_dir)) if cold_dir else set())
-        # Every segment the snapshot relies on is checked before any topic directory
-        # changes (a stray removed, an active tail cut): damage leaves all as it was.
-        ckpts = {int(m["id"]): int(m.get("ckpt", 0)) for m in (body or {}).get("topics") or []}
-        lost = lost_ranges(body, scans)
-        for tid in sorted(ids):
-            d = topic_dir(data_dir, tid)
-            segs = scan_segments(fs, d)
+    return scans, leftovers
+
+
+def _check_segments(
+    fs: Fs, data_dir: str, ids: list[int], body: dict[str, Any] | None, scans: list[ShardScan]
+) -> list[SegmentDamage]:
+    """Every damaged segment `body` relies on (read-only), one error per topic."""
+    ckpts = {int(m["id"]): published_upto(m) for m in (body or {}).get("topics") or []}
+    lost = lost_ranges(body, scans)
+    out: list[SegmentDamage] = []
+    for tid in ids:
+        d = topic_dir(data_dir, tid)
+        segs = scan_segments(fs, d)
+        try:
             check_published(
                 fs,
                 d,
@@ -201,7 +201,126 @@ def load_data_dir(
                 segs.strays,
                 lost.get(tid, []),
             )
-        topics = {tid: load_topic(fs, data_dir, tid, cold_dir) for tid in sorted(ids)}
+        except SegmentDamage as exc:
+            out.append(exc)
+    return out
+
+
+def _segment_starts(fs: Fs, d: str) -> list[int]:
+    segs = scan_segments(fs, d)
+    return sorted(
+        {first for first, _p in segs.segments}
+        | {int(posixpath.basename(p)[4:20]) for p in segs.strays}
+    )
+
+
+def _rebuild_plan(
+    fs: Fs, data_dir: str, fallback: dict[str, Any], damaged: list[SegmentDamage]
+) -> dict[int, list[int]] | None:
+    """Per damaged topic, the segments to set aside so that replay from `fallback`
+    rebuilds them: every segment starting after what the fallback relies on.
+    None when some damage lies in a segment the fallback relies on too (the WAL
+    no longer holds those records)."""
+    pubs = {int(m["id"]): published_upto(m)[0] for m in fallback.get("topics") or []}
+    out: dict[int, list[int]] = {}
+    for e in damaged:
+        pub = pubs.get(e.topic_id, 0)
+        starts = _segment_starts(fs, topic_dir(data_dir, e.topic_id))
+        for a, _b in e.ranges:
+            first = max([x for x in starts if x <= a], default=a)
+            if first <= pub:
+                return None
+        out[e.topic_id] = [x for x in starts if x > pub]
+    return out
+
+
+def _set_aside(
+    fs: Fs, data_dir: str, plan: dict[int, list[int]], damaged: list[SegmentDamage], stamp: int
+) -> None:
+    """Move the listed segments' files into `quarantine/rebuild-<stamp>/` (copied and
+    synced, then unlinked)."""
+    why = {e.topic_id: "; ".join(e.problems) for e in damaged}
+    for tid, firsts in plan.items():
+        d = topic_dir(data_dir, tid)
+        for first in firsts:
+            paths = segment_paths(d, first)
+            for path in (paths.data, paths.idx):
+                if not fs.exists(path):
+                    continue
+                dest = posixpath.join(
+                    data_dir, "quarantine", f"rebuild-{stamp}", posixpath.relpath(path, data_dir)
+                )
+                fs.makedirs(posixpath.dirname(dest))
+                f = fs.open(path)
+                try:
+                    data = f.pread(f.size(), 0)
+                finally:
+                    f.close()
+                out = fs.open(dest, create=True, write=True)
+                try:
+                    out.truncate(0)
+                    write_all(out, data, 0)
+                    out.fdatasync()
+                finally:
+                    out.close()
+                fs.fsync_dir(posixpath.dirname(dest))
+                fs.unlink(path)
+        fs.fsync_dir(d)
+        log.warning(
+            "topic %016x: damaged segment (%s); the WAL still holds the records of "
+            "segments %s, so they are set aside (kept in quarantine/rebuild-%d) and "
+            "rebuilt from the WAL, starting from the previous snapshot",
+            tid,
+            why.get(tid, ""),
+            firsts,
+            stamp,
+        )
+
+
+def load_data_dir(
+    fs: Fs, data_dir: str, n_shards: int, cold_dir: str | None = None, **shard_kw: Any
+) -> Loaded:
+    """Step 1: snapshot, shards (opened from their snapshot positions), segments.
+
+    Pure I/O, no engine state: safe in a worker thread. Every shard and every
+    segment the snapshot relies on is checked (read-only) before anything on
+    disk changes. WAL damage raises :class:`WalDamage`; a damaged segment
+    raises :class:`SegmentDamage`, unless the fallback snapshot does not rely on
+    it yet (so the WAL still holds its records): then the damaged files are
+    moved to the quarantine and recovery starts from the fallback snapshot,
+    which replays those records from the WAL (docs/FORMATS.md, "Segments the
+    snapshot relies on"). Raises OSError when a file cannot be read.
+    """
+    meta = posixpath.join(data_dir, "meta")
+    found = load_latest(fs, meta)
+    snap_n, body = found if found is not None else (0, None)
+    layout = shard_dirs(data_dir, n_shards)
+    shards: list[WalShard] = []
+    scans, leftovers = _scan_all(fs, data_dir, layout, body)
+    for sc in scans:
+        if sc.damage:
+            raise WalDamage(sc.dir, sc.damage)
+    ids = sorted(
+        set(_topic_ids(fs, data_dir)) | (set(_topic_ids(fs, cold_dir)) if cold_dir else set())
+    )
+    damaged = _check_segments(fs, data_dir, ids, body, scans)
+    if damaged:
+        older = [x for x in load_valid(fs, meta) if x[0] < snap_n]
+        fb = older[0] if older else None
+        plan = _rebuild_plan(fs, data_dir, fb[1], damaged) if fb is not None else None
+        if fb is None or plan is None:
+            raise damaged[0]
+        fb_scans, fb_left = _scan_all(fs, data_dir, layout, fb[1])
+        if any(sc.damage for sc in fb_scans):
+            raise damaged[0]
+        _set_aside(fs, data_dir, plan, damaged, int(body.get("taken_ms", 0)) if body else 0)
+        snap_n, body = fb
+        scans, leftovers = fb_scans, fb_left
+        again = _check_segments(fs, data_dir, ids, body, scans)
+        if again:
+            raise again[0]
+    try:
+        topics = {tid: load_topic(fs, data_dir, tid, cold_dir) for tid in ids}
         for sc in scans[: len(layout)]:
             shards.append(WalShard.open_scanned(fs, sc, **shard_kw))
     except BaseException:

@@ -48,7 +48,7 @@ from topics.storage.journal import shard_dirs, shard_of
 from topics.storage.recovery import lost_ranges
 from topics.storage.segment import scan_segments, segment_paths, topic_dir
 from topics.storage.snapshot import load_latest
-from topics.storage.topicstore import SegmentDamage, check_published
+from topics.storage.topicstore import SegmentDamage, check_published, published_upto
 from topics.storage.wal import (
     Damage,
     ShardScan,
@@ -266,7 +266,7 @@ def plan_repair(fs: Fs, data_dir: str) -> RepairPlan:
             str(pos[0]), int(pos[1]), int(pos[2])
         )
     heads = {int(m["id"]): int(m.get("head", 0)) for m in body.get("topics") or []}
-    ckpts = {int(m["id"]): int(m.get("ckpt", 0)) for m in body.get("topics") or []}
+    ckpts = {int(m["id"]): published_upto(m) for m in body.get("topics") or []}
     shards: list[ShardRepair] = []
     dirs = _existing_shard_dirs(fs, data_dir) or shard_dirs(data_dir, 1)
     scans: dict[str, ShardScan] = {}

@@ -54,6 +54,7 @@ __all__ = [
     "next_snapshot_number",
     "write_snapshot",
     "load_latest",
+    "load_valid",
 ]
 
 log = logging.getLogger(__name__)
@@ -248,6 +249,27 @@ def _cleanup_tmp(fs: Fs, meta_dir: str) -> None:
             fs.fsync_dir(meta_dir)
         except OSError as exc:
             log.warning("cannot fsync %s after tmp cleanup: %s", meta_dir, exc)
+
+
+def load_valid(fs: Fs, meta_dir: str) -> list[tuple[int, dict[Any, Any]]]:
+    """Every valid snapshot as `(n, body)`, newest first (at most the newest two are
+    kept on disk: the newest and its fallback).
+
+    Removes leftover `snapshot.*.tmp` files first, like :func:`load_latest`;
+    invalid snapshots are skipped with a warning. Raises OSError when one cannot
+    be read.
+    """
+    if not fs.exists(meta_dir):
+        return []
+    _cleanup_tmp(fs, meta_dir)
+    out: list[tuple[int, dict[Any, Any]]] = []
+    for n, path in reversed(list_snapshots(fs, meta_dir)):
+        result = decode_snapshot(_read(fs, path))
+        if isinstance(result, SnapshotInvalid):
+            log.warning("skipping invalid snapshot %s: %s", path, result.reason)
+            continue
+        out.append((n, result))
+    return out
 
 
 def load_latest(fs: Fs, meta_dir: str) -> tuple[int, dict[Any, Any]] | None:

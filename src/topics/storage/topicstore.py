@@ -33,6 +33,7 @@ from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -306,6 +307,27 @@ class SegmentDamage(OSError):
         )
 
 
+def published_upto(m: dict[str, Any]) -> tuple[int, int]:
+    """`(last, floor)` for the snapshot topic map `m`: the segments it relies on hold
+    every seq above `floor` up to `last`.
+
+    A checkpoint captures the snapshot body and, from the same instant, writes
+    every record up to the captured head into segments before the snapshot is
+    written (ephemeral topics write none, so only the earlier `ckpt` counts);
+    seqs at or below the eviction and delete floors may be left unwritten.
+    """
+    ckpt = int(m.get("ckpt", 0))
+    floor = max(
+        int(m.get("l_cap", 0)),
+        int(m.get("l_ttl", 0)),
+        int(m.get("l_trim", 0)),
+        int(m.get("delete_below", 0)) - 1,
+    )
+    if (m.get("config") or {}).get("durability") == "ephemeral":
+        return ckpt, floor
+    return max(ckpt, int(m.get("head", 0))), floor
+
+
 def _first_of(path: str) -> int:
     return int(posixpath.basename(path)[4:20])
 
@@ -314,24 +336,25 @@ def check_published(
     fs: Fs,
     d: str,
     topic_id: int,
-    ckpt: int | None,
+    published: tuple[int, int] | None,
     listed: list[int],
     strays: list[str],
     lost: Sequence[tuple[int, int]] = (),
 ) -> None:
     """Refuse (:class:`SegmentDamage`) when a segment the snapshot relies on is damaged.
 
-    `ckpt` is the snapshot's last checkpointed seq of the topic (None: the topic
-    is not in the snapshot, so none of its segments is relied on); a segment
-    starting at or below it was published. Checked, reading only: a published
+    `published` is :func:`published_upto` of the topic's snapshot map (None:
+    the topic is not in the snapshot, so none of its segments is relied on); a
+    segment starting at or below its last seq was published. Checked, reading only: a published
     half without its partner; a sealed `.idx` that is not whole entries or whose
     entries do not tile `.data` exactly; the newest segment's entries up to
     `ckpt` not whole or pointing past `.data`. Damage wholly inside `lost`
     (seq ranges `topics repair` already recorded as lost) is not raised again.
     Raises OSError from the fs.
     """
-    if ckpt is None:
+    if published is None:
         return
+    ckpt, floor = published
     problems: list[str] = []
     ranges: list[tuple[int, int]] = []
     starts = sorted([*listed, *(_first_of(p) for p in strays)])
@@ -361,7 +384,7 @@ def check_published(
         newest = i == len(listed) - 1
         if newest:
             need = ckpt - first + 1
-            if len(raw) // IDX_ENTRY_SIZE < need:
+            if ckpt > floor and len(raw) // IDX_ENTRY_SIZE < need:
                 have = len(raw) // IDX_ENTRY_SIZE
                 problems.append(
                     f"{paths.idx}: {have} entries, but the snapshot relies on {need} "
@@ -369,7 +392,7 @@ def check_published(
                 )
                 ranges.append((first + have, ckpt))
                 continue
-            raw = raw[: need * IDX_ENTRY_SIZE]
+            raw = raw[: max(need, 0) * IDX_ENTRY_SIZE]
         elif idx_size % IDX_ENTRY_SIZE:
             problems.append(f"{paths.idx}: {idx_size} bytes is not whole 20-byte entries")
             ranges.append((first, until(first, None)))
@@ -404,22 +427,23 @@ def load_topic(
     topic_id: int,
     cold_root: str | None = None,
     *,
-    ckpt: int | None = None,
+    published: tuple[int, int] | None = None,
 ) -> LoadedTopic:
     """Load the segments of topic instance `topic_id` under data dir `root`.
 
     Segments are listed through the topic's tier (HOT preferred when a segment is
-    in both). The newest is resumed as the active one (its torn tail past `ckpt`,
-    if any, is truncated: the WAL still holds those records); older ones are
-    sealed and only their `.idx` is read. `ckpt` is the newest snapshot's last
-    checkpointed seq of this topic (None when the snapshot does not list it): a
-    damaged segment at or below it raises :class:`SegmentDamage` before anything
-    changes (:func:`check_published`). Raises OSError from the fs.
+    in both). The newest is resumed as the active one (its torn tail past what
+    the snapshot relies on, if any, is truncated: the WAL still holds those
+    records); older ones are sealed and only their `.idx` is read. With
+    `published` (:func:`published_upto` of the topic's snapshot map), a damaged
+    segment the snapshot relies on raises :class:`SegmentDamage` before anything
+    changes (:func:`check_published`; recovery checks every topic first and
+    passes None). Raises OSError from the fs.
     """
     store = TopicStore.create(fs, root, topic_id, cold_root)
     d = store.dir
     scan = scan_segments(fs, d)
-    check_published(fs, d, topic_id, ckpt, [first for first, _p in scan.segments], scan.strays)
+    check_published(fs, d, topic_id, published, [first for first, _p in scan.segments], scan.strays)
     # A half without its pair that no snapshot relies on was written by a checkpoint
     # that never published its snapshot (the WAL still has those records): it goes.
     for path in scan.strays:
