@@ -11,6 +11,16 @@ truncated or undecodable request, an unknown API key or a request before
 SASL authentication (when keys are configured) closes only that connection,
 with one log line. An API version outside the advertised range is answered
 with UNSUPPORTED_VERSION (35).
+
+Exposure limits (docs/KAFKA.md "Limits"). The size prefix is checked before
+any of the frame is read, so an oversized one costs nothing: until SASL
+authentication completes (when keys are configured) a frame may be at most
+:data:`PRE_AUTH_MAX_FRAME` bytes, afterwards `TOPICS_KAFKA_MAX_FRAME_BYTES`.
+A frame that has started must arrive whole within
+`TOPICS_KAFKA_FRAME_TIMEOUT_MS`; an unauthenticated connection gets the same
+time between its frames (the handshake must keep moving); an authenticated one
+with no request in progress is closed after `TOPICS_KAFKA_IDLE_TIMEOUT_MS` of
+silence, as a Kafka broker does (clients reconnect on their own).
 """
 
 from __future__ import annotations
@@ -39,6 +49,10 @@ log = logging.getLogger("topics.kafka")
 
 _SIZE = struct.Struct(">i")
 MAX_INFLIGHT = 64
+# The largest frame accepted before SASL authentication completes (bytes). The
+# requests allowed then (ApiVersions, SaslHandshake, a PLAIN token) are a few
+# hundred bytes; this leaves room for long client names and secrets.
+PRE_AUTH_MAX_FRAME = 16 * 1024
 PRE_AUTH_APIS = frozenset({P.API_VERSIONS, P.SASL_HANDSHAKE, P.SASL_AUTHENTICATE})
 INLINE_APIS = PRE_AUTH_APIS
 
@@ -69,7 +83,10 @@ class KafkaServer:
         self.backend = KafkaBackend(engine, hidden=internal_topics())
         auth = Authenticator(cfg.api_keys)
         self.auth_enabled = auth.enabled
-        self.max_frame = max(cfg.limits.max_body_bytes, 1 << 20)
+        # Never below the pre-auth cap: the handshake has to fit after login too.
+        self.max_frame = max(cfg.kafka_max_frame_bytes, PRE_AUTH_MAX_FRAME)
+        self.idle_timeout_s = cfg.kafka_idle_timeout_ms / 1000 or None
+        self.frame_timeout_s = cfg.kafka_frame_timeout_ms / 1000 or None
         self.broker = Broker(
             self.backend,
             advertised=("127.0.0.1", 0),
@@ -213,18 +230,11 @@ class KafkaServer:
         conn.tasks.add(wtask)
         try:
             while not closing:
-                head4 = await reader.readexactly(4)
-                (size,) = _SIZE.unpack(head4)
-                if size < 0 or size > self.max_frame:
-                    log.warning(
-                        "kafka: closing %s: request of %d bytes (limit %d)",
-                        conn.peer,
-                        size,
-                        self.max_frame,
-                    )
+                first = await self._await_frame(conn, reader, pending)
+                if first is None:
                     return
-                frame = await reader.readexactly(size)
-                if wtask.done():
+                frame = await self._read_frame(conn, reader, first)
+                if frame is None or wtask.done():
                     return
                 if conn.sasl_raw:
                     # SaslHandshake v0: the next frame is a bare PLAIN token.
@@ -319,6 +329,65 @@ class KafkaServer:
         finally:
             if not wtask.done():
                 wtask.cancel()
+
+    async def _await_frame(
+        self, conn: ConnState, reader: asyncio.StreamReader, pending: deque[Any]
+    ) -> bytes | None:
+        """The first byte of the next frame, or None when the connection timed out idle.
+
+        Before authentication the wait is the frame timeout (the handshake must
+        keep moving); after it, the idle timeout, which does not run out while
+        a request of this connection is still being answered (a long-poll
+        Fetch, a JoinGroup waiting for a rebalance).
+        """
+        authed = conn.principal is not None
+        wait = self.idle_timeout_s if authed else (self.frame_timeout_s or self.idle_timeout_s)
+        while True:
+            try:
+                async with asyncio.timeout(wait):
+                    return await reader.readexactly(1)
+            except TimeoutError:
+                if authed and pending:
+                    continue  # busy, not idle: keep waiting
+                log.info(
+                    "kafka: closing %s: no request for %d ms%s",
+                    conn.peer,
+                    int((wait or 0) * 1000),
+                    "" if authed else " before SASL authentication",
+                )
+                return None
+
+    async def _read_frame(
+        self, conn: ConnState, reader: asyncio.StreamReader, first: bytes
+    ) -> bytes | None:
+        """The rest of a frame whose first byte is `first`; None closes the connection.
+
+        The size prefix is checked before anything else is read: above the
+        limit (the pre-auth cap until SASL completes) the connection closes
+        without reading or allocating the body. The whole frame must arrive
+        within the frame timeout.
+        """
+        limit = self.max_frame if conn.principal is not None else PRE_AUTH_MAX_FRAME
+        try:
+            async with asyncio.timeout(self.frame_timeout_s):
+                (size,) = _SIZE.unpack(first + await reader.readexactly(3))
+                if size < 0 or size > limit:
+                    log.warning(
+                        "kafka: closing %s: request of %d bytes (limit %d%s)",
+                        conn.peer,
+                        size,
+                        limit,
+                        "" if conn.principal is not None else " before SASL authentication",
+                    )
+                    return None
+                return await reader.readexactly(size)
+        except TimeoutError:
+            log.warning(
+                "kafka: closing %s: a request frame stalled for %d ms",
+                conn.peer,
+                int((self.frame_timeout_s or 0) * 1000),
+            )
+            return None
 
     async def _guard(self, conn: ConnState, key: int, coro: Any) -> Any:
         """Run a handler; an unexpected failure closes only this connection."""
