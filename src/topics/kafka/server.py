@@ -57,6 +57,23 @@ PRE_AUTH_APIS = frozenset({P.API_VERSIONS, P.SASL_HANDSHAKE, P.SASL_AUTHENTICATE
 INLINE_APIS = PRE_AUTH_APIS
 
 
+# What a connection's read loop is doing (for its watchdog).
+_WAITING = 0  # for the first byte of the next frame
+_IN_FRAME = 1  # reading a frame that has started
+_HANDLING = 2  # dispatching a frame (or waiting for room for it)
+
+
+class _Activity:
+    """The read loop's state and since when (loop time, s); `last_tx`: last response sent."""
+
+    __slots__ = ("state", "since", "last_tx")
+
+    def __init__(self) -> None:
+        self.state = _HANDLING
+        self.since = 0.0
+        self.last_tx = 0.0
+
+
 class Faults:
     """Test hooks (in-process servers only): make the next N produce responses vanish.
 
@@ -193,6 +210,8 @@ class KafkaServer:
         room = asyncio.Semaphore(MAX_INFLIGHT)
         wake = asyncio.Event()
         closing = False
+        act = _Activity()
+        loop = asyncio.get_running_loop()
 
         async def write_loop() -> None:
             try:
@@ -215,6 +234,7 @@ class KafkaServer:
                         writer.close()
                         return
                     writer.write(P.encode_response(resp, ver, corr))
+                    act.last_tx = loop.time()
                     if not pending:
                         await writer.drain()
                     if conn.close_after and not pending:
@@ -226,15 +246,32 @@ class KafkaServer:
                 log.exception("kafka: closing %s: response failed", conn.peer)
                 writer.close()
 
-        wtask = asyncio.get_running_loop().create_task(write_loop())
+        wtask = loop.create_task(write_loop())
         conn.tasks.add(wtask)
+        if self.frame_timeout_s is not None or self.idle_timeout_s is not None:
+            conn.tasks.add(loop.create_task(self._watchdog(conn, act, pending, writer)))
         try:
             while not closing:
-                first = await self._await_frame(conn, reader, pending)
-                if first is None:
+                act.state = _WAITING
+                act.since = loop.time()
+                first = await reader.readexactly(1)
+                act.state = _IN_FRAME
+                act.since = loop.time()
+                (size,) = _SIZE.unpack(first + await reader.readexactly(3))
+                # The size prefix is judged before any of the frame is read.
+                limit = self.max_frame if conn.principal is not None else PRE_AUTH_MAX_FRAME
+                if size < 0 or size > limit:
+                    log.warning(
+                        "kafka: closing %s: request of %d bytes (limit %d%s)",
+                        conn.peer,
+                        size,
+                        limit,
+                        "" if conn.principal is not None else " before SASL authentication",
+                    )
                     return
-                frame = await self._read_frame(conn, reader, first)
-                if frame is None or wtask.done():
+                frame = await reader.readexactly(size)
+                act.state = _HANDLING
+                if wtask.done():
                     return
                 if conn.sasl_raw:
                     # SaslHandshake v0: the next frame is a bare PLAIN token.
@@ -330,64 +367,48 @@ class KafkaServer:
             if not wtask.done():
                 wtask.cancel()
 
-    async def _await_frame(
-        self, conn: ConnState, reader: asyncio.StreamReader, pending: deque[Any]
-    ) -> bytes | None:
-        """The first byte of the next frame, or None when the connection timed out idle.
+    def _watch_limits(self) -> tuple[float | None, float | None, float]:
+        """(frame timeout s, idle timeout s, watchdog tick s); both timeouts may be None."""
+        ft, it = self.frame_timeout_s, self.idle_timeout_s
+        shortest = min(x for x in (ft, it, 60.0) if x is not None)
+        return ft, it, min(max(shortest / 4, 0.05), 5.0)
 
-        Before authentication the wait is the frame timeout (the handshake must
-        keep moving); after it, the idle timeout, which does not run out while
-        a request of this connection is still being answered (a long-poll
-        Fetch, a JoinGroup waiting for a rebalance).
+    async def _watchdog(
+        self,
+        conn: ConnState,
+        act: _Activity,
+        pending: deque[Any],
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        """Close the connection when a frame stalls or it sits idle (module docstring).
+
+        Runs every quarter of the shortest timeout (0.05-5 s), so a connection
+        is closed at most that much after its deadline. The read loop only
+        stamps :class:`_Activity`; this costs it no timer per frame.
         """
-        authed = conn.principal is not None
-        wait = self.idle_timeout_s if authed else (self.frame_timeout_s or self.idle_timeout_s)
+        frame_s, idle_s, tick = self._watch_limits()
+        loop = asyncio.get_running_loop()
         while True:
-            try:
-                async with asyncio.timeout(wait):
-                    return await reader.readexactly(1)
-            except TimeoutError:
-                if authed and pending:
-                    continue  # busy, not idle: keep waiting
-                log.info(
-                    "kafka: closing %s: no request for %d ms%s",
-                    conn.peer,
-                    int((wait or 0) * 1000),
-                    "" if authed else " before SASL authentication",
-                )
-                return None
-
-    async def _read_frame(
-        self, conn: ConnState, reader: asyncio.StreamReader, first: bytes
-    ) -> bytes | None:
-        """The rest of a frame whose first byte is `first`; None closes the connection.
-
-        The size prefix is checked before anything else is read: above the
-        limit (the pre-auth cap until SASL completes) the connection closes
-        without reading or allocating the body. The whole frame must arrive
-        within the frame timeout.
-        """
-        limit = self.max_frame if conn.principal is not None else PRE_AUTH_MAX_FRAME
-        try:
-            async with asyncio.timeout(self.frame_timeout_s):
-                (size,) = _SIZE.unpack(first + await reader.readexactly(3))
-                if size < 0 or size > limit:
-                    log.warning(
-                        "kafka: closing %s: request of %d bytes (limit %d%s)",
-                        conn.peer,
-                        size,
-                        limit,
-                        "" if conn.principal is not None else " before SASL authentication",
-                    )
-                    return None
-                return await reader.readexactly(size)
-        except TimeoutError:
-            log.warning(
-                "kafka: closing %s: a request frame stalled for %d ms",
-                conn.peer,
-                int((self.frame_timeout_s or 0) * 1000),
-            )
-            return None
+            await asyncio.sleep(tick)
+            now = loop.time()
+            why = ""
+            if act.state == _IN_FRAME:
+                if frame_s is not None and now - act.since > frame_s:
+                    why = f"a request frame stalled for {int(frame_s * 1000)} ms"
+            elif act.state == _WAITING:
+                if conn.principal is None:
+                    limit = frame_s if frame_s is not None else idle_s
+                    if limit is not None and now - act.since > limit:
+                        why = f"no request for {int(limit * 1000)} ms before SASL authentication"
+                elif idle_s is not None and not pending:
+                    if now - max(act.since, act.last_tx) > idle_s:
+                        why = f"no request for {int(idle_s * 1000)} ms"
+            if why:
+                log.info("kafka: closing %s: %s", conn.peer, why)
+                # abort(): no waiting for a peer that does not read; the read
+                # loop sees the end of the stream and the connection is closed.
+                writer.transport.abort()
+                return
 
     async def _guard(self, conn: ConnState, key: int, coro: Any) -> Any:
         """Run a handler; an unexpected failure closes only this connection."""
