@@ -40,11 +40,6 @@ class Principal:
     def has(self, *scopes: str) -> bool:
         return all(s in self.scopes for s in scopes)
 
-    @property
-    def restricted(self) -> bool:
-        """True when the key has a name allowlist (prefixes)."""
-        return bool(self.prefixes)
-
     def allows_name(self, name: str) -> bool:
         """True if `name` starts with one of the key's prefixes (or it has none)."""
         return not self.prefixes or any(name.startswith(p) for p in self.prefixes)

@@ -50,12 +50,11 @@ async def ready(ctx: Ctx) -> Resp:
 
 
 def _visible(app: TopicsApp, principal: Principal | None) -> list[Topic]:
-    """The topics `principal` may see, sorted by name (all of them when unrestricted)."""
+    """The topics `principal` may see (all of them when it has no prefixes), unordered."""
     topics = app.engine.topics
-    names = sorted(topics)
     if principal is not None and principal.prefixes:
-        names = [n for n in names if principal.allows_name(n)]
-    return [topics[n] for n in names]
+        return [t for n, t in topics.items() if principal.allows_name(n)]
+    return list(topics.values())
 
 
 def _gather(app: TopicsApp, principal: Principal | None = None) -> dict[str, Any]:
@@ -244,7 +243,7 @@ def render_prometheus(app: TopicsApp, principal: Principal | None = None) -> byt
     metric("topics_uptime_ms", "counter", "Milliseconds since start.", [("", g["uptime_ms"])])
 
     eng = app.engine
-    visible: list[Topic] = g["topic_list"]
+    visible: list[Topic] = sorted(g["topic_list"], key=lambda t: t.name)
     truncated = len(visible) > PER_TOPIC_CAP
     topics = [(f'{{topic="{_esc(t.name)}"}}', t) for t in visible[:PER_TOPIC_CAP]]
     metric(
