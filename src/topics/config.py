@@ -164,6 +164,12 @@ class ServerConfig:
     # is the `host:port` returned in Metadata/FindCoordinator (default: the bound one).
     kafka_port: int = 9092
     kafka_advertised: str | None = None
+    # Listener exposure limits (docs/KAFKA.md "Limits"): the largest request frame
+    # after SASL (bytes), how long a connection may sit idle, and how long one frame
+    # may take to arrive once it has started (ms; 0 = no timeout).
+    kafka_max_frame_bytes: int = 67_108_864
+    kafka_idle_timeout_ms: int = 600_000
+    kafka_frame_timeout_ms: int = 30_000
 
     @property
     def auth_enabled(self) -> bool:
@@ -332,4 +338,7 @@ def load_config(env: Mapping[str, str] | None = None) -> ServerConfig:
         log_level=(env.get("TOPICS_LOG") or env.get("RUST_LOG") or "info").strip().lower(),
         kafka_port=kafka_port,
         kafka_advertised=env.get("TOPICS_KAFKA_ADVERTISED", "").strip() or None,
+        kafka_max_frame_bytes=_int(env, "TOPICS_KAFKA_MAX_FRAME_BYTES", 67_108_864, minimum=1),
+        kafka_idle_timeout_ms=_int(env, "TOPICS_KAFKA_IDLE_TIMEOUT_MS", 600_000),
+        kafka_frame_timeout_ms=_int(env, "TOPICS_KAFKA_FRAME_TIMEOUT_MS", 30_000),
     )

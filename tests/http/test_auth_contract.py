@@ -115,6 +115,37 @@ def test_prefix_allowlists(ha: Harness) -> None:
     assert_error(ha.put("/v0/topics/t2.cfg", {}, headers=auth("adm")), 403, "forbidden")
 
 
+def test_config_names_are_allowlisted_too(ha: Harness) -> None:
+    """A config's `dead_letter` is a topic name: 403 outside the prefixes, before validation."""
+    t = auth("adm")
+    err = assert_error(
+        ha.put("/v0/topics/t1.q", {"type": "queue", "dead_letter": "t2.dlq"}, headers=t),
+        403,
+        "forbidden",
+    )
+    assert err["detail"] == {"topic": "t2.dlq"}
+    # Outside the prefix *and* malformed: the allowlist answers first (as for routers).
+    assert_error(ha.put("/v0/topics/t1.q", {"dead_letter": "t2 bad!"}, headers=t), 403, "forbidden")
+    # Not a string: left to the config parser.
+    err = assert_error(
+        ha.put("/v0/topics/t1.q", {"dead_letter": 5}, headers=t), 400, "invalid_request"
+    )
+    assert err["detail"] == {"dead_letter": 5}
+    assert "t1.q" not in ha.engine.topics
+    # An inline write config is checked the same way, even with the topic existing.
+    ha.put("/v0/topics/t1.q", {"type": "queue"}, headers=t)
+    body = {"records": [{"data": 1}], "config": {"type": "queue", "dead_letter": "t2.dlq"}}
+    assert_error(ha.post("/v0/topics/t1.q", body, headers=t), 403, "forbidden")
+    assert ha.engine.topics["t1.q"].head_seq == 0
+    ok = {"type": "queue", "dead_letter": "t1.dlq", "max_deliveries": 2}
+    assert ha.put("/v0/topics/t1.q", ok, headers=t).status_code == 200
+    # A key without prefixes may name any dead-letter topic.
+    assert (
+        ha.put("/v0/topics/other", {"dead_letter": "t2.dlq"}, headers=auth("root")).status_code
+        == 201
+    )
+
+
 def test_inflight_cap_is_per_key() -> None:
     hc = Harness({"TOPICS_API_KEYS": "k", "TOPICS_MAX_INFLIGHT_PER_KEY": "1"})
     try:

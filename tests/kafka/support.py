@@ -64,7 +64,7 @@ class KafkaProcess:
 class InProcess:
     """Engine + Kafka listener on a private event loop in a thread (test hooks reachable)."""
 
-    def __init__(self) -> None:
+    def __init__(self, cfg: Any = None) -> None:
         from topics.clock import SystemClock
         from topics.config import ServerConfig
         from topics.engine.core import Engine
@@ -72,7 +72,7 @@ class InProcess:
 
         self.loop = asyncio.new_event_loop()
         self.engine = Engine(clock=SystemClock())
-        self.server = KafkaServer(self.engine, ServerConfig(kafka_port=1))
+        self.server = KafkaServer(self.engine, cfg or ServerConfig(kafka_port=1))
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
         self.call(self.server.start("127.0.0.1", 0))

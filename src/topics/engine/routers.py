@@ -134,6 +134,10 @@ def router_meta(meta: bytes | None, info: dict[str, Any], max_keys: int = 64) ->
     return orjson.dumps({ROUTER_META_KEY: info, ORIGINAL_META_KEY: original})
 
 
+# Stands in for a topic name the caller's key may not see (in a router_cycle detail).
+HIDDEN_NAME = "<hidden>"
+
+
 def _forbidden(name: str) -> TopicsError:
     return TopicsError(
         403, "forbidden", f'name "{name}" is not allowed for this key', {"topic": name}
@@ -325,11 +329,15 @@ class RouterSet:
             raise not_found_topic(spec.dest)
         for other in self._by_dest.get(spec.dest, ()):
             if other.name != name and other.source != spec.source:
+                msg = f'topic "{spec.dest}" is already the dest of router "{other.name}" '
+                msg += f'from "{other.source}"'
+                if allow is not None and not (allow(other.name) and allow(other.source)):
+                    # Do not name another tenant's router or topic.
+                    msg = f'topic "{spec.dest}" is already the dest of another router'
                 raise TopicsError(
                     409,
                     "topic_exists_incompatible",
-                    f'topic "{spec.dest}" is already the dest of router "{other.name}" '
-                    f'from "{other.source}"',
+                    msg,
                     {"topic": spec.dest, "reason": "router_dest_fan_in"},
                 )
         existing = self._routers.get(name)
@@ -352,6 +360,9 @@ class RouterSet:
         if not spec.allow_cycle:
             cycle = self._cycle(name, spec.source, spec.dest)
             if cycle is not None:
+                if allow is not None:
+                    # Topics the key may not see stay anonymous (no valid name has `<`).
+                    cycle = [n if allow(n) else HIDDEN_NAME for n in cycle]
                 raise TopicsError(
                     409,
                     "router_cycle",

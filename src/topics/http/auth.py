@@ -1,15 +1,32 @@
-"""Bearer-key authentication and scope/allowlist authorization (API §1.2-1.3)."""
+"""Bearer-key authentication and scope/allowlist authorization (API §1.2-1.3).
+
+A key with name prefixes may touch only topics (and routers) whose names start
+with one of them. That holds for every name a request makes the server touch,
+not just the one in the path: names inside bodies and configs (a queue's
+`dead_letter`, a router's `source`/`dest`), and topics a request would create
+or write as a side effect. The helpers here raise the canonical
+`403 forbidden` with `detail {"topic": name}` for those.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import parse_qs
 
 from topics.config import ALL_SCOPES, ApiKey
+from topics.errors import TopicsError
 
-__all__ = ["Principal", "Authenticator", "DEV_PRINCIPAL", "token_from_query"]
+__all__ = [
+    "Principal",
+    "Authenticator",
+    "DEV_PRINCIPAL",
+    "token_from_query",
+    "forbidden_name",
+    "check_config_names",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +41,34 @@ class Principal:
         return all(s in self.scopes for s in scopes)
 
     def allows_name(self, name: str) -> bool:
+        """True if `name` starts with one of the key's prefixes (or it has none)."""
         return not self.prefixes or any(name.startswith(p) for p in self.prefixes)
+
+    def require_name(self, name: str) -> None:
+        """Raise `403 forbidden` (`detail {"topic": name}`) unless `name` is allowed."""
+        if not self.allows_name(name):
+            raise forbidden_name(name)
+
+
+def forbidden_name(name: str) -> TopicsError:
+    """The `403 forbidden` for a name outside the key's allowlist (API §1.3)."""
+    return TopicsError(403, "forbidden", f'this key may not access "{name}"', {"topic": name})
+
+
+def check_config_names(principal: Principal, config: Any) -> None:
+    """Check the topic names inside a topic config object against the key.
+
+    `config` is a request's config object (`PUT /v0/topics/:t` body, a write's
+    or WebSocket publish's `config`), before validation: a non-object or a
+    non-string `dead_letter` is left to the config parser's `400`. The only
+    name a config holds is `dead_letter` (API §1.12). Raises `403 forbidden`
+    with `detail {"topic": dead_letter}` when the key may not touch it.
+    """
+    if not principal.prefixes or not isinstance(config, dict):
+        return
+    dl = config.get("dead_letter")
+    if isinstance(dl, str):
+        principal.require_name(dl)
 
 
 DEV_PRINCIPAL = Principal(None, ALL_SCOPES, ())

@@ -1,15 +1,27 @@
-"""Health, readiness and metrics (API §11)."""
+"""Health, readiness and metrics (API §11).
+
+`/v0/metrics` needs `read` (API §1.2-1.3). A key with name prefixes gets the
+same document computed over its own share of the instance only: the topics
+whose names its prefixes allow (counts, classes, live records and bytes, queue
+figures and the per-topic series), the routers whose name, source and dest are
+all allowed, its own watch sessions and streaming connections. Instance-wide
+internals that are not per tenant (the WAL and storage sections) are left out
+for such a key. A key without prefixes sees the whole instance.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 from topics import __version__
+from topics.engine.topic import Topic
 from topics.errors import TopicsError
 from topics.http.app import Ctx, TopicsApp
+from topics.http.auth import Principal
 from topics.http.responses import Resp
 
 __all__ = ["health", "ready", "metrics", "render_prometheus", "metrics_json"]
@@ -37,36 +49,73 @@ async def ready(ctx: Ctx) -> Resp:
     return Resp(200, orjson.dumps(body), [(b"content-type", b"application/json")])
 
 
-def _gather(app: TopicsApp) -> dict[str, Any]:
+def _visible(app: TopicsApp, principal: Principal | None) -> list[Topic]:
+    """The topics `principal` may see (all of them when it has no prefixes), unordered."""
+    topics = app.engine.topics
+    if principal is not None and principal.prefixes:
+        return [t for n, t in topics.items() if principal.allows_name(n)]
+    return list(topics.values())
+
+
+def _gather(app: TopicsApp, principal: Principal | None = None) -> dict[str, Any]:
+    """Instance figures; scoped to the key's own topics when it has prefixes."""
     eng = app.engine
     now = eng.clock.now_ms()
+    scoped = principal is not None and bool(principal.prefixes)
+    topics = _visible(app, principal)
     by_class = dict.fromkeys(CLASSES, 0)
     queue_topics = 0
     leases = 0
-    for t in eng.topics.values():
+    for t in topics:
         by_class[t.config.durability] += 1
         if t.queue is not None:
             queue_topics += 1
             leases += t.queue.counters(t, now)["in_flight"]
+    if scoped:
+        assert principal is not None
+        allow: Callable[[str], bool] = principal.allows_name
+        routers = sum(
+            1 for r in app.routers.routers() if allow(r.name) and allow(r.source) and allow(r.dest)
+        )
+        records = sum(t.live_count for t in topics)
+        nbytes = sum(t.live_bytes for t in topics)
+        digest = principal.digest
+        sse = app.sse_per_key.get(digest, 0) if digest is not None else 0
+        watches = sum(
+            1 for s in app.watches.sessions.values() if digest is not None and s.creator == digest
+        )
+    else:
+        routers = len(app.routers)
+        records = eng.totals.records
+        nbytes = eng.totals.bytes
+        sse = app.sse_total
+        watches = len(app.watches)
     return {
-        "topics": len(eng.topics),
+        "scoped": scoped,
+        "topic_list": topics,
+        "topics": len(topics),
         "by_class": by_class,
-        "routers": len(app.routers),
-        "records_live": eng.totals.records,
-        "bytes_live": eng.totals.bytes,
+        "routers": routers,
+        "records_live": records,
+        "bytes_live": nbytes,
         "queue_topics": queue_topics,
         "queue_leases_in_flight": leases,
-        "sse_connections": app.sse_total,
-        "watch_sessions": len(app.watches),
+        "sse_connections": sse,
+        "watch_sessions": watches,
         "ready": app.ready,
         "replay_progress": app.replay_progress,
         "uptime_ms": int((time.monotonic() - app.started) * 1000),
     }
 
 
-def metrics_json(app: TopicsApp) -> dict[str, Any]:
-    """The JSON form of `/v0/metrics` (API §11.3)."""
-    g = _gather(app)
+def metrics_json(app: TopicsApp, principal: Principal | None = None) -> dict[str, Any]:
+    """The JSON form of `/v0/metrics` (API §11.3), scoped for a prefix-restricted key.
+
+    `principal` None (or a key without prefixes) gives the whole instance,
+    including the `wal` and `storage` sections; a key with prefixes gets the
+    figures of its own topics only and no `wal`/`storage` (module docstring).
+    """
+    g = _gather(app, principal)
     out: dict[str, Any] = {"topics": g["topics"]}
     for c in CLASSES:
         out[f"topics_{c}"] = g["by_class"][c]
@@ -83,6 +132,8 @@ def metrics_json(app: TopicsApp) -> dict[str, Any]:
         "uptime_ms",
     ):
         out[k] = g[k]
+    if g["scoped"]:
+        return out
     wal = getattr(app.engine.journal, "metrics", None)
     if callable(wal):
         out["wal"] = wal()
@@ -137,9 +188,13 @@ def _esc(v: str) -> str:
     return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def render_prometheus(app: TopicsApp) -> bytes:
-    """Prometheus text exposition 0.0.4 with HELP/TYPE lines (API §11.3)."""
-    g = _gather(app)
+def render_prometheus(app: TopicsApp, principal: Principal | None = None) -> bytes:
+    """Prometheus text exposition 0.0.4 with HELP/TYPE lines (API §11.3).
+
+    Scoped like :func:`metrics_json`: a key with prefixes sees only its own
+    topics' series and figures, and no WAL/storage metrics.
+    """
+    g = _gather(app, principal)
     lines: list[str] = []
 
     def metric(name: str, typ: str, help_: str, samples: list[tuple[str, Any]]) -> None:
@@ -188,10 +243,9 @@ def render_prometheus(app: TopicsApp) -> bytes:
     metric("topics_uptime_ms", "counter", "Milliseconds since start.", [("", g["uptime_ms"])])
 
     eng = app.engine
-    names = sorted(eng.topics)
-    truncated = len(names) > PER_TOPIC_CAP
-    names = names[:PER_TOPIC_CAP]
-    topics = [(f'{{topic="{_esc(n)}"}}', eng.topics[n]) for n in names]
+    visible: list[Topic] = sorted(g["topic_list"], key=lambda t: t.name)
+    truncated = len(visible) > PER_TOPIC_CAP
+    topics = [(f'{{topic="{_esc(t.name)}"}}', t) for t in visible[:PER_TOPIC_CAP]]
     metric(
         "topics_topic_head_seq",
         "gauge",
@@ -236,6 +290,8 @@ def render_prometheus(app: TopicsApp) -> bytes:
         "1 when the per-topic series were cut at 1000 topics.",
         [("", int(truncated))],
     )
+    if g["scoped"]:
+        return ("\n".join(lines) + "\n").encode()
     wal_lines = getattr(eng.journal, "prometheus_lines", None)
     if callable(wal_lines):
         lines.extend(wal_lines())
@@ -273,9 +329,13 @@ def render_prometheus(app: TopicsApp) -> bytes:
 
 
 async def metrics(ctx: Ctx) -> Resp:
+    """`GET /v0/metrics` (API §11.3): Prometheus text, or JSON when `Accept` asks for it."""
     accept = ctx.header(b"accept") or ""
+    p = ctx.principal
     if "application/json" in accept:
         return Resp(
-            200, orjson.dumps(metrics_json(ctx.app)), [(b"content-type", b"application/json")]
+            200, orjson.dumps(metrics_json(ctx.app, p)), [(b"content-type", b"application/json")]
         )
-    return Resp(200, render_prometheus(ctx.app), [(b"content-type", b"text/plain; version=0.0.4")])
+    return Resp(
+        200, render_prometheus(ctx.app, p), [(b"content-type", b"text/plain; version=0.0.4")]
+    )

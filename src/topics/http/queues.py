@@ -17,11 +17,13 @@ from typing import Any
 import orjson
 
 from topics.engine.queues import Claimer
+from topics.engine.topic import Topic
 from topics.errors import TopicsError, bad_request
 from topics.http.app import Ctx, TopicsApp
+from topics.http.auth import Principal
 from topics.http.responses import Resp, json_resp
 
-__all__ = ["claim", "ack", "nack", "extend", "work"]
+__all__ = ["claim", "ack", "nack", "extend", "work", "check_dead_letter"]
 
 WORK_TICK_S = 0.25
 WORK_HEARTBEAT_S = 15.0
@@ -102,12 +104,28 @@ def _run_cohort(app: TopicsApp, name: str, cohort: _Cohort) -> list[dict[str, An
     return results[0]
 
 
+def check_dead_letter(principal: Principal, t: Topic) -> None:
+    """A claim may move jobs into the queue's dead-letter topic: the key must be allowed it.
+
+    A claim pass diverts a job whose deliveries exceed `max_deliveries` into
+    `dead_letter`, creating that topic on demand (API §10.8). So a claim
+    (or `/work` stream) by a key with name prefixes is refused with
+    `403 forbidden` (`detail {"topic": dead_letter}`) when the queue can
+    dead-letter into a name outside them, whether or not a job is due to move
+    in this pass; nothing is claimed then.
+    """
+    cfg = t.config
+    if cfg.dead_letter is not None and cfg.max_deliveries > 0:
+        principal.require_name(cfg.dead_letter)
+
+
 async def claim(ctx: Ctx) -> Resp:
     q = ctx.app.queues
     node, max_jobs, lease_override = q.parse_claim(ctx.body)
     name = ctx.params["topic"]
     t = q.check_queue(name)
     q.validate_node(node)
+    check_dead_letter(ctx.principal, t)
     jobs = await claim_jobs(ctx.app, name, Claimer(node, max_jobs, None), lease_override)
     now = ctx.engine.clock.now_ms()
     body = {
@@ -142,6 +160,14 @@ async def nack(ctx: Ctx) -> Resp:
 
 async def extend(ctx: Ctx) -> Resp:
     return json_resp(200, ctx.app.queues.extend(ctx.params["topic"], ctx.body), ctx.t0)
+
+
+def _dead_letter_allowed(principal: Principal, t: Topic) -> bool:
+    try:
+        check_dead_letter(principal, t)
+    except TopicsError:
+        return False
+    return True
 
 
 def _accepts_sse(ctx: Ctx) -> bool:
@@ -185,7 +211,9 @@ async def work(ctx: Ctx) -> None:
     lease_override = _parse_uint(ctx.query("lease_ms"), U64_MAX)
     name = ctx.params["topic"]
     t = q.check_queue(name)
-    key = ctx.principal.digest
+    principal = ctx.principal
+    check_dead_letter(principal, t)
+    key = principal.digest
     app.acquire_sse(key)
     conn = q.new_conn_id()
     send = ctx.send
@@ -232,6 +260,23 @@ async def work(ctx: Ctx) -> None:
             if not t.alive or ctx.engine.get(name) is not t or not t.config.is_queue:
                 frame = orjson.dumps(
                     {"code": 409, "error": "topic is no longer a queue", "topic": name}
+                )
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "body": b"event: error\ndata: " + frame + b"\n\n",
+                        "more_body": True,  # the final empty body below ends the response
+                    }
+                )
+                break
+            if principal.prefixes and not _dead_letter_allowed(principal, t):
+                # Reconfigured (by another key) to dead-letter outside this key's prefixes.
+                frame = orjson.dumps(
+                    {
+                        "code": 403,
+                        "error": "this key may not access the dead-letter topic of this queue",
+                        "topic": name,
+                    }
                 )
                 await send(
                     {

@@ -1,17 +1,28 @@
-"""Handlers for router CRUD (API §7)."""
+"""Handlers for router CRUD (API §7).
+
+With a prefix-restricted key every topic a router names is checked, not just
+the router's own name in the path: the body `source` and `dest` of a PUT
+(before anything is created), and on an existing router its stored source and
+dest (GET, DELETE, and a PUT that would update it), so a key can neither
+attach to nor learn about routers that touch topics outside its prefixes.
+"""
 
 from __future__ import annotations
 
 from topics.engine.core import clamp_page_size
-from topics.errors import TopicsError
 from topics.http.app import Ctx
+from topics.http.auth import forbidden_name
 from topics.http.responses import Resp, json_resp
 
 __all__ = ["put_router", "get_router", "list_routers", "delete_router"]
 
 
 def _check_router_names(ctx: Ctx, name: str) -> None:
-    """On an existing router, its source and dest must be allowlisted too (API §1.3)."""
+    """On an existing router, its source and dest must be allowlisted too (API §1.3).
+
+    Raises `403 forbidden` with `detail {"topic": name}` for the first name
+    outside the key's prefixes; an absent router passes (the handler 404s).
+    """
     p = ctx.principal
     if not p.prefixes:
         return
@@ -20,11 +31,15 @@ def _check_router_names(ctx: Ctx, name: str) -> None:
         return
     for n in (r.name, r.source, r.dest):
         if not p.allows_name(n):
-            raise TopicsError(403, "forbidden", f'this key may not access "{n}"', {"topic": n})
+            raise forbidden_name(n)
 
 
 async def put_router(ctx: Ctx) -> Resp:
+    """`PUT /v0/routers/:r` (API §7.1); the engine checks the body source/dest (403)."""
     p = ctx.principal
+    # An existing router whose topics are outside the key's prefixes is neither
+    # updated nor described (the 409 re-point detail would name its topics).
+    _check_router_names(ctx, ctx.params["router"])
     body, created = ctx.app.routers.put(
         ctx.params["router"], ctx.body, p.allows_name if p.prefixes else None
     )

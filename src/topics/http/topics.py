@@ -12,6 +12,7 @@ from topics.engine.core import Replay
 from topics.engine.topic import PendingWrite, Topic
 from topics.errors import TopicsError
 from topics.http.app import Ctx
+from topics.http.auth import check_config_names
 from topics.http.responses import JSON_CT, Resp, json_resp
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
 
 
 async def put_topic(ctx: Ctx) -> Resp:
+    check_config_names(ctx.principal, ctx.body)  # `dead_letter` is a name too (API §1.3)
     t, created = ctx.engine.put_topic(ctx.params["topic"], ctx.body)
     body = {"topic": t.name, "created": created, "config": t.config.to_wire()}
     return json_resp(201 if created else 200, body, ctx.t0)
@@ -57,6 +59,9 @@ async def delete_topic(ctx: Ctx) -> Resp:
     body = ctx.engine.delete_topic(name, if_empty=ctx.qbool("if_empty", False))
     if not body["deleted"]:
         body = {"topic": name, "deleted": False, "routers_removed": []}
+    p = ctx.principal
+    if p.prefixes:  # other keys' routers that fed or read this topic stay unnamed
+        body["routers_removed"] = [r for r in body["routers_removed"] if p.allows_name(r)]
     return json_resp(200, body, ctx.t0)
 
 
@@ -104,6 +109,8 @@ async def write(ctx: Ctx) -> Resp:
             "creating a topic with a config needs the admin scope",
             {"topic": name},
         )
+    if req.has_config:
+        check_config_names(ctx.principal, req.config)
     t1 = time.perf_counter()
     res = eng.begin_write(name, req)
     if isinstance(res, dict):

@@ -35,6 +35,7 @@ from topics.engine.watch import (
 )
 from topics.errors import TopicsError
 from topics.http.app import Ctx
+from topics.http.auth import check_config_names
 from topics.http.responses import perf
 from topics.http.topics import wait_published
 from topics.http.watch import Waker
@@ -307,6 +308,7 @@ class Connection:
             raise WsError("forbidden", "a publish with a config needs the admin scope")
         if not p.allows_name(name):
             raise WsError("forbidden", f'this key may not access "{name}"')
+        check_config_names(p, cmd.get("config"))
         eng = self.engine
         body = {k: v for k, v in cmd.items() if k not in ("op", "request_id", "return_seqs")}
         req = eng.parse_write(body, None)

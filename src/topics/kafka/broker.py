@@ -824,6 +824,19 @@ class Broker:
             else:
                 try:
                     body = topic_config_from_kafka([(c.name, c.value) for c in t.configs])
+                    dl = body.get("dead_letter")
+                    if isinstance(dl, str) and not self._allowed(conn, SCOPE_ADMIN, dl):
+                        # A queue dead-letters into (and creates) that topic: the
+                        # key must be allowed the name as well as the topic's own.
+                        out.append(
+                            _create_result(
+                                CR,
+                                name,
+                                E.TOPIC_AUTHORIZATION_FAILED,
+                                "the key may not use this dead_letter topic",
+                            )
+                        )
+                        continue
                     if req.validate_only:
                         self.backend.check_config(name, body)
                     else:
@@ -837,17 +850,7 @@ class Broker:
                         else (E.POLICY_VIOLATION if exc.status == 429 else E.KAFKA_STORAGE_ERROR)
                     )
                     msg = exc.message
-            ok = err == E.NONE
-            out.append(
-                CR(
-                    name=name,
-                    error_code=err,
-                    error_message=msg,
-                    num_partitions=1 if ok else -1,
-                    replication_factor=1 if ok else -1,
-                    configs=[] if ok else None,
-                )
-            )
+            out.append(_create_result(CR, name, err, msg))
         return R(throttle_time_ms=0, topics=out)
 
     async def delete_topics(self, conn: ConnState, req: Any, v: int) -> Any:
@@ -983,6 +986,19 @@ class Broker:
         if key == P.LEAVE_GROUP:
             return R(error_code=code, members=[])
         return R(error_code=code)
+
+
+def _create_result(CR: Any, name: str, err: int, msg: str | None) -> Any:
+    """One CreateTopics result entry."""
+    ok = err == E.NONE
+    return CR(
+        name=name,
+        error_code=err,
+        error_message=msg,
+        num_partitions=1 if ok else -1,
+        replication_factor=1 if ok else -1,
+        configs=[] if ok else None,
+    )
 
 
 def internal_topics() -> frozenset[str]:

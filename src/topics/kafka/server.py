@@ -11,6 +11,16 @@ truncated or undecodable request, an unknown API key or a request before
 SASL authentication (when keys are configured) closes only that connection,
 with one log line. An API version outside the advertised range is answered
 with UNSUPPORTED_VERSION (35).
+
+Exposure limits (docs/KAFKA.md "Limits"). The size prefix is checked before
+any of the frame is read, so an oversized one costs nothing: until SASL
+authentication completes (when keys are configured) a frame may be at most
+:data:`PRE_AUTH_MAX_FRAME` bytes, afterwards `TOPICS_KAFKA_MAX_FRAME_BYTES`.
+A frame that has started must arrive whole within
+`TOPICS_KAFKA_FRAME_TIMEOUT_MS`; an unauthenticated connection gets the same
+time between its frames (the handshake must keep moving); an authenticated one
+with no request in progress is closed after `TOPICS_KAFKA_IDLE_TIMEOUT_MS` of
+silence, as a Kafka broker does (clients reconnect on their own).
 """
 
 from __future__ import annotations
@@ -39,8 +49,29 @@ log = logging.getLogger("topics.kafka")
 
 _SIZE = struct.Struct(">i")
 MAX_INFLIGHT = 64
+# The largest frame accepted before SASL authentication completes (bytes). The
+# requests allowed then (ApiVersions, SaslHandshake, a PLAIN token) are a few
+# hundred bytes; this leaves room for long client names and secrets.
+PRE_AUTH_MAX_FRAME = 16 * 1024
 PRE_AUTH_APIS = frozenset({P.API_VERSIONS, P.SASL_HANDSHAKE, P.SASL_AUTHENTICATE})
 INLINE_APIS = PRE_AUTH_APIS
+
+
+# What a connection's read loop is doing (for its watchdog).
+_WAITING = 0  # for the first byte of the next frame
+_IN_FRAME = 1  # reading a frame that has started
+_HANDLING = 2  # dispatching a frame (or waiting for room for it)
+
+
+class _Activity:
+    """The read loop's state and since when (loop time, s); `last_tx`: last response sent."""
+
+    __slots__ = ("state", "since", "last_tx")
+
+    def __init__(self) -> None:
+        self.state = _HANDLING
+        self.since = 0.0
+        self.last_tx = 0.0
 
 
 class Faults:
@@ -69,7 +100,10 @@ class KafkaServer:
         self.backend = KafkaBackend(engine, hidden=internal_topics())
         auth = Authenticator(cfg.api_keys)
         self.auth_enabled = auth.enabled
-        self.max_frame = max(cfg.limits.max_body_bytes, 1 << 20)
+        # Never below the pre-auth cap: the handshake has to fit after login too.
+        self.max_frame = max(cfg.kafka_max_frame_bytes, PRE_AUTH_MAX_FRAME)
+        self.idle_timeout_s = cfg.kafka_idle_timeout_ms / 1000 or None
+        self.frame_timeout_s = cfg.kafka_frame_timeout_ms / 1000 or None
         self.broker = Broker(
             self.backend,
             advertised=("127.0.0.1", 0),
@@ -176,6 +210,8 @@ class KafkaServer:
         room = asyncio.Semaphore(MAX_INFLIGHT)
         wake = asyncio.Event()
         closing = False
+        act = _Activity()
+        loop = asyncio.get_running_loop()
 
         async def write_loop() -> None:
             try:
@@ -198,6 +234,7 @@ class KafkaServer:
                         writer.close()
                         return
                     writer.write(P.encode_response(resp, ver, corr))
+                    act.last_tx = loop.time()
                     if not pending:
                         await writer.drain()
                     if conn.close_after and not pending:
@@ -209,21 +246,31 @@ class KafkaServer:
                 log.exception("kafka: closing %s: response failed", conn.peer)
                 writer.close()
 
-        wtask = asyncio.get_running_loop().create_task(write_loop())
+        wtask = loop.create_task(write_loop())
         conn.tasks.add(wtask)
+        if self.frame_timeout_s is not None or self.idle_timeout_s is not None:
+            conn.tasks.add(loop.create_task(self._watchdog(conn, act, pending, writer)))
         try:
             while not closing:
-                head4 = await reader.readexactly(4)
-                (size,) = _SIZE.unpack(head4)
-                if size < 0 or size > self.max_frame:
+                act.state = _WAITING
+                act.since = loop.time()
+                first = await reader.readexactly(1)
+                act.state = _IN_FRAME
+                act.since = loop.time()
+                (size,) = _SIZE.unpack(first + await reader.readexactly(3))
+                # The size prefix is judged before any of the frame is read.
+                limit = self.max_frame if conn.principal is not None else PRE_AUTH_MAX_FRAME
+                if size < 0 or size > limit:
                     log.warning(
-                        "kafka: closing %s: request of %d bytes (limit %d)",
+                        "kafka: closing %s: request of %d bytes (limit %d%s)",
                         conn.peer,
                         size,
-                        self.max_frame,
+                        limit,
+                        "" if conn.principal is not None else " before SASL authentication",
                     )
                     return
                 frame = await reader.readexactly(size)
+                act.state = _HANDLING
                 if wtask.done():
                     return
                 if conn.sasl_raw:
@@ -319,6 +366,49 @@ class KafkaServer:
         finally:
             if not wtask.done():
                 wtask.cancel()
+
+    def _watch_limits(self) -> tuple[float | None, float | None, float]:
+        """(frame timeout s, idle timeout s, watchdog tick s); both timeouts may be None."""
+        ft, it = self.frame_timeout_s, self.idle_timeout_s
+        shortest = min(x for x in (ft, it, 60.0) if x is not None)
+        return ft, it, min(max(shortest / 4, 0.05), 5.0)
+
+    async def _watchdog(
+        self,
+        conn: ConnState,
+        act: _Activity,
+        pending: deque[Any],
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        """Close the connection when a frame stalls or it sits idle (module docstring).
+
+        Runs every quarter of the shortest timeout (0.05-5 s), so a connection
+        is closed at most that much after its deadline. The read loop only
+        stamps :class:`_Activity`; this costs it no timer per frame.
+        """
+        frame_s, idle_s, tick = self._watch_limits()
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(tick)
+            now = loop.time()
+            why = ""
+            if act.state == _IN_FRAME:
+                if frame_s is not None and now - act.since > frame_s:
+                    why = f"a request frame stalled for {int(frame_s * 1000)} ms"
+            elif act.state == _WAITING:
+                if conn.principal is None:
+                    limit = frame_s if frame_s is not None else idle_s
+                    if limit is not None and now - act.since > limit:
+                        why = f"no request for {int(limit * 1000)} ms before SASL authentication"
+                elif idle_s is not None and not pending:
+                    if now - max(act.since, act.last_tx) > idle_s:
+                        why = f"no request for {int(idle_s * 1000)} ms"
+            if why:
+                log.info("kafka: closing %s: %s", conn.peer, why)
+                # abort(): no waiting for a peer that does not read; the read
+                # loop sees the end of the stream and the connection is closed.
+                writer.transport.abort()
+                return
 
     async def _guard(self, conn: ConnState, key: int, coro: Any) -> Any:
         """Run a handler; an unexpected failure closes only this connection."""
