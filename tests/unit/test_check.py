@@ -11,6 +11,7 @@ import pytest
 from topics.storage.check import CORRUPT, INFO, WARNING, check
 from topics.storage.frame import (
     DELETE,
+    SYNC_MARK,
     TOPIC_CREATE,
     encode_append,
     encode_control,
@@ -19,7 +20,7 @@ from topics.storage.frame import (
 from topics.storage.fs import RealFs
 from topics.storage.segment import SegmentReader, SegmentWriter, segment_paths, topic_dir
 from topics.storage.snapshot import snapshot_name, write_snapshot
-from topics.storage.wal import WalEntry, WalShard, scan_shard
+from topics.storage.wal import ShardScan, WalEntry, WalShard, scan_shard
 
 TOPIC = 7
 FILE = 64 * 1024
@@ -121,6 +122,17 @@ class DataDir:
         sc = scan_shard(RealFs(), str(self.wal_dirs[shard]))
         return [(f.offset, f.size) for _, f in sc.frames]
 
+    def scan(self, shard: int = 0) -> ShardScan:
+        return scan_shard(RealFs(), str(self.wal_dirs[shard]))
+
+    def end(self, shard: int = 0) -> tuple[Path, int]:
+        """The file holding the logical end of a shard and the end's byte offset: bytes
+        written there were never synced (they lie past the newest SyncMark)."""
+        sc = self.scan(shard)
+        assert sc.end_file is not None and sc.torn is None and not sc.damage
+        assert sc.end_offset > sc.mark > 0  # the last write was synced and marked
+        return self.wal_dirs[shard] / sc.end_file, sc.end_offset
+
 
 def build_data_dir(
     tmp_path: Path, *, shards: int = 1, appends: int = 10, file_bytes: int = FILE
@@ -152,6 +164,29 @@ def flip(path: Path, offset: int, mask: int = 0x40) -> None:
     raw = bytearray(path.read_bytes())
     raw[offset] ^= mask
     path.write_bytes(bytes(raw))
+
+
+def poke(path: Path, offset: int, data: bytes) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[offset : offset + len(data)] = data
+    path.write_bytes(bytes(raw))
+
+
+def marks_after(sc: ShardScan, file: str, offset: int) -> int:
+    """SyncMark frames of a (clean) shard scan after byte `offset` of `file` and in
+    every later file. How many there are depends on how the writer batched its syncs;
+    `Damage.valid_after` (so `lost_frames`) counts them, `CheckReport.frames` does not."""
+    n = 0
+    later = False
+    for f in sc.files:
+        sel = f.cols["type"] == SYNC_MARK
+        if later:
+            n += int(sel.sum())
+        elif f.name == file:
+            n += int((sel & (f.cols["off"] > offset)).sum())
+            later = True
+    assert later, file
+    return n
 
 
 def kinds(report: object) -> list[str]:
@@ -207,91 +242,156 @@ def test_mixed_flat_and_sharded_layout_is_a_warning(tmp_path: Path) -> None:
 
 def test_torn_tail_is_informational(tmp_path: Path) -> None:
     dd = build_data_dir(tmp_path)
+    path, end = dd.end()
+    # One more write after the last SyncMark, never synced: its checksum never landed.
+    fr = wal_frames(TOPIC, 1)[1]
+    poke(path, end, fr[:-8] + bytes(8))
+    r = check(RealFs(), str(dd.root))
+    assert r.ok and kinds(r) == ["torn_tail"], [str(p) for p in r.problems]
+    p = r.problems[0]
+    assert p.severity == INFO and p.offset == end and "checksum" in p.detail
+    assert p.path == str(path)
+    assert r.torn_tails == 1 and r.frames == 12 and r.mid_log_damage == 0 and r.lost_frames == 0
+
+
+def test_damaged_last_frame_before_the_sync_mark_is_damage(tmp_path: Path) -> None:
+    # The same damage to the last frame of the log is not a torn tail once the frame
+    # was synced: the SyncMark after it says it was durable.
+    dd = build_data_dir(tmp_path)
+    sc = dd.scan()
     off, size = dd.frame_offsets()[-1]
+    marks = marks_after(sc, dd.wal_file().name, off)
+    assert marks >= 1 and sc.mark >= off + size
     raw = bytearray(dd.wal_file().read_bytes())
-    raw[off + size - 8 : off + size] = bytes(8)  # the last frame's checksum never landed
+    raw[off + size - 8 : off + size] = bytes(8)  # the last frame's checksum is gone
     dd.wal_file().write_bytes(bytes(raw))
     r = check(RealFs(), str(dd.root))
-    assert r.ok and kinds(r) == ["torn_tail"]
+    assert not r.ok and kinds(r) == ["mid_log_damage"]
     p = r.problems[0]
-    assert p.severity == INFO and p.offset == off and "checksum" in p.detail
-    assert r.torn_tails == 1 and r.frames == 11 and r.lost_frames == 0
+    assert p.severity == CORRUPT and p.offset == off and "checksum" in p.detail
+    assert f"bytes [{off}, {off + size})" in p.detail and f"{marks} valid frames follow" in p.detail
+    assert "topic 0000000000000007 seqs after 10" in p.detail  # the Delete after seq 10
+    assert r.mid_log_damage == 1 and r.torn_tails == 0
+    assert r.frames == 11 and r.lost_frames == marks  # only the SyncMark(s) follow
 
 
 def test_partial_frame_after_the_last_one_is_a_torn_tail(tmp_path: Path) -> None:
     dd = build_data_dir(tmp_path)
-    off, size = dd.frame_offsets()[-1]
-    raw = bytearray(dd.wal_file().read_bytes())
-    half = wal_frames(TOPIC, 1)[1][:30]  # a frame cut inside its header
-    raw[off + size : off + size + len(half)] = half
-    dd.wal_file().write_bytes(bytes(raw))
+    path, end = dd.end()
+    half = wal_frames(TOPIC, 1)[1][:30]  # a frame cut inside its header, after the last mark
+    poke(path, end, half)
     r = check(RealFs(), str(dd.root))
-    assert r.ok and kinds(r) == ["torn_tail"] and r.problems[0].offset == off + size
+    assert r.ok and kinds(r) == ["torn_tail"] and r.problems[0].offset == end
+    assert r.frames == 12 and r.lost_frames == 0
 
 
 def test_bit_flip_mid_log_is_counted_damage(tmp_path: Path) -> None:
     dd = build_data_dir(tmp_path)
     offs = dd.frame_offsets()
     off, size = offs[3]
+    marks = marks_after(dd.scan(), dd.wal_file().name, off)
     flip(dd.wal_file(), off + size - 12)  # inside the 4th frame's payload
     r = check(RealFs(), str(dd.root))
     assert not r.ok
     assert kinds(r) == ["mid_log_damage"]
     p = r.problems[0]
     assert p.severity == CORRUPT and p.offset == off and "checksum" in p.detail
-    assert r.mid_log_damage == 1 and r.frames == 3 and r.lost_frames == len(offs) - 4
-    assert f"first at offset {offs[4][0]}" in p.detail
+    # Every valid frame is counted, the 8 after the damage too; those (and the
+    # SyncMarks among them) are what the damage puts at risk.
+    after = len(offs) - 4
+    assert r.mid_log_damage == 1 and r.frames == len(offs) - 1
+    assert r.lost_frames == after + marks
+    assert f"bytes [{off}, {offs[4][0]})" in p.detail  # up to the next valid frame
+    assert f"{after + marks} valid frames follow" in p.detail
+    assert "topic 0000000000000007 seqs 3..3" in p.detail  # the 4th frame is Append seq 3
 
 
 def test_damaged_length_prefix_mid_log_resynchronises(tmp_path: Path) -> None:
     dd = build_data_dir(tmp_path)
     offs = dd.frame_offsets()
+    marks = marks_after(dd.scan(), dd.wal_file().name, offs[2][0])
     flip(dd.wal_file(), offs[2][0] + 1, 0x7F)  # frame_len of the 3rd frame: overrun/lengths
     r = check(RealFs(), str(dd.root))
-    assert kinds(r) == ["mid_log_damage"] and r.lost_frames == len(offs) - 3
+    assert kinds(r) == ["mid_log_damage"] and r.lost_frames == len(offs) - 3 + marks
+    assert r.frames == len(offs) - 1 and r.problems[0].offset == offs[2][0]
+    assert f"bytes [{offs[2][0]}, {offs[3][0]})" in r.problems[0].detail  # resynced at the 4th
 
 
 def test_zeroed_frame_mid_log_is_damage(tmp_path: Path) -> None:
     dd = build_data_dir(tmp_path)
     offs = dd.frame_offsets()
     off, size = offs[5]
+    marks = marks_after(dd.scan(), dd.wal_file().name, off)
     raw = bytearray(dd.wal_file().read_bytes())
     raw[off : off + size] = bytes(size)
     dd.wal_file().write_bytes(bytes(raw))
     r = check(RealFs(), str(dd.root))
     assert kinds(r) == ["mid_log_damage"] and "zeroed" in r.problems[0].detail
-    assert r.frames == 5 and r.lost_frames == len(offs) - 6
+    assert r.problems[0].offset == off and r.problems[0].severity == CORRUPT
+    assert r.frames == len(offs) - 1 and r.lost_frames == len(offs) - 6 + marks
 
 
 def test_two_damaged_regions_count_every_later_frame(tmp_path: Path) -> None:
     dd = build_data_dir(tmp_path)
     offs = dd.frame_offsets()
+    sc = dd.scan()
+    name = dd.wal_file().name
     flip(dd.wal_file(), offs[2][0] + 20)
     flip(dd.wal_file(), offs[7][0] + 20)
     r = check(RealFs(), str(dd.root))
-    assert r.mid_log_damage == 1 and r.frames == 2
-    assert r.lost_frames == len(offs) - 2 - 2  # frames 3..6 and 8.. survive the resync
+    assert kinds(r) == ["mid_log_damage", "mid_log_damage"] and not r.ok
+    assert [p.offset for p in r.problems] == [offs[2][0], offs[7][0]]
+    # Frames 3..6 and 8.. survive the resync and are all counted.
+    assert r.mid_log_damage == 2 and r.frames == len(offs) - 2
+    # Each range counts the valid frames after it (the ones after both count twice).
+    first = len(offs) - 3 - 1 + marks_after(sc, name, offs[2][0])  # 3..6, 8..
+    second = len(offs) - 8 + marks_after(sc, name, offs[7][0])  # 8..
+    assert f"{first} valid frames follow" in r.problems[0].detail
+    assert f"{second} valid frames follow" in r.problems[1].detail
+    assert r.lost_frames == first + second
 
 
-def test_damage_before_a_rotation_loses_the_later_files(tmp_path: Path) -> None:
+def test_damage_in_a_rotated_out_file_counts_the_later_files(tmp_path: Path) -> None:
     dd = build_data_dir(tmp_path, appends=60, file_bytes=1024)
     files = sorted(dd.wal_dirs[0].glob("wal-*.log"))
     assert len(files) >= 3
     ok = check(RealFs(), str(dd.root))
     assert ok.ok and ok.wal_files == len(files) and ok.frames == 62
-    first = scan_shard(RealFs(), str(dd.wal_dirs[0])).frames[1][1]
+    sc = dd.scan()
+    name, first = sc.frames[1]
+    assert name == files[0].name
+    marks = marks_after(sc, name, first.offset)
     flip(files[0], first.offset + 20)
     r = check(RealFs(), str(dd.root))
-    assert not r.ok and r.frames == 1
-    assert kinds(r).count("mid_log_damage") == len(files)  # the end file + every later file
-    assert r.lost_frames == 62 - 2
+    # One damaged range, in the oldest file; the frames after it, in this and every
+    # later file, are still valid frames of the log and are counted as at risk.
+    assert not r.ok and kinds(r) == ["mid_log_damage"]
+    p = r.problems[0]
+    assert p.path == str(files[0]) and p.offset == first.offset and "checksum" in p.detail
+    assert "topic 0000000000000007 seqs before 2" in p.detail  # the damaged frame is seq 1
+    assert r.wal_files == len(files) and r.frames == 61
+    assert r.lost_frames == 60 + marks and f"{60 + marks} valid frames follow" in p.detail
 
 
-def test_later_file_without_frames_is_informational(tmp_path: Path) -> None:
+def test_later_file_without_frames_is_part_of_the_log(tmp_path: Path) -> None:
+    # A zero-filled later file named at the next frame index is the fresh file of a
+    # rotation: nothing to report.
     dd = build_data_dir(tmp_path)
-    (dd.wal_dirs[0] / "wal-0000000000009999.log").write_bytes(bytes(4096))
+    _, end = dd.end()
+    nxt = dd.scan().next_index
+    fresh = dd.wal_dirs[0] / f"wal-{nxt:016d}.log"
+    fresh.write_bytes(bytes(4096))
     r = check(RealFs(), str(dd.root))
-    assert r.ok and kinds(r) == ["wal_orphan_file"]
+    assert r.ok and r.problems == [], [str(p) for p in r.problems]
+    assert r.wal_files == 2 and r.frames == 12 and r.lost_frames == 0
+    # Named further on, it says the frames in between are missing: damage.
+    fresh.rename(dd.wal_dirs[0] / "wal-0000000000009999.log")
+    g = check(RealFs(), str(dd.root))
+    assert not g.ok and kinds(g) == ["mid_log_damage"] and g.mid_log_damage == 1
+    p = g.problems[0]
+    assert p.path == str(dd.wal_file()) and p.offset == end  # after the older file's frames
+    assert f"frames {nxt}..9998 are missing" in p.detail
+    assert g.frames == 12 and g.lost_frames == 0  # no valid frame after the gap
 
 
 def test_bad_control_payload_and_seq_regress(tmp_path: Path) -> None:
@@ -480,9 +580,12 @@ def test_fakedisk_poked_mid_log_and_unreadable_file() -> None:
     shard.close()
     sc = scan_shard(disk, "/data/wal")
     third = sc.frames[2][1]
+    assert sc.end_file is not None
+    marks = marks_after(sc, sc.end_file, third.offset)
     disk.poke(f"/data/wal/{sc.end_file}", third.offset + 20, b"\xff")
     r = check(disk, "/data")
-    assert kinds(r) == ["mid_log_damage"] and r.lost_frames == len(frames) - 3
+    assert kinds(r) == ["mid_log_damage"] and r.lost_frames == len(frames) - 3 + marks
+    assert r.frames == len(frames) - 1 and r.problems[0].offset == third.offset
     faulty = FaultFs(disk)
     faulty.fail("pread", 1, "EIO")
     r2 = check(faulty, "/data")

@@ -9,7 +9,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.unit.test_check import TOPIC, build_data_dir, flip
+from tests.unit.test_check import (
+    TOPIC,
+    DataDir,
+    build_data_dir,
+    flip,
+    marks_after,
+    poke,
+    wal_frames,
+)
 
 from topics import tools
 from topics.storage.snapshot import snapshot_name
@@ -29,14 +37,36 @@ def test_verify_clean_dir_exits_0_with_table(tmp_path: Path, capsys: Capsys) -> 
     assert out.rstrip().endswith("result: OK")
 
 
+def torn_write(tmp_path: Path, appends: int = 10) -> tuple[DataDir, int]:
+    """A data dir whose WAL ends on a write past the last SyncMark, never synced,
+    with its last byte (in the checksum) wrong: a genuine torn tail at the returned offset."""
+    dd = build_data_dir(tmp_path, appends=appends)
+    path, end = dd.end()
+    fr = wal_frames(TOPIC, 1)[1]
+    poke(path, end, fr[:-1] + bytes([fr[-1] ^ 0x40]))
+    return dd, end
+
+
 def test_verify_torn_tail_is_fine(tmp_path: Path, capsys: Capsys) -> None:
-    dd = build_data_dir(tmp_path)
-    off, size = dd.frame_offsets()[-1]
-    flip(dd.wal_file(), off + size - 1)
+    dd, end = torn_write(tmp_path)
     assert tools.main_verify([str(dd.root)]) == 0
     out = capsys.readouterr().out
-    assert "INFO" in out and "torn_tail" in out and f"offset {off}" in out
+    assert "INFO" in out and "torn_tail" in out and f"offset {end}" in out
+    assert "checksum mismatch" in out and "CORRUPT" not in out
     assert "result: OK" in out
+
+
+def test_verify_damaged_last_synced_frame_exits_1(tmp_path: Path, capsys: Capsys) -> None:
+    # The same flip in the log's last frame, which was synced (a SyncMark follows): damage.
+    dd = build_data_dir(tmp_path)
+    off, size = dd.frame_offsets()[-1]
+    marks = marks_after(dd.scan(), dd.wal_file().name, off)
+    flip(dd.wal_file(), off + size - 1)
+    assert tools.main_verify([str(dd.root)]) == 1
+    out = capsys.readouterr().out
+    assert "CORRUPT" in out and "mid_log_damage" in out and f"[offset {off}]" in out
+    assert f"{marks} valid frames follow" in out and "torn_tail" not in out
+    assert "result: CORRUPT (1 corrupt problem)" in out
 
 
 def test_verify_mid_log_damage_exits_1(tmp_path: Path, capsys: Capsys) -> None:
@@ -173,15 +203,15 @@ def test_dump_filters(tmp_path: Path, capsys: Capsys) -> None:
 
 
 def test_dump_shows_torn_end_and_bad_records(tmp_path: Path, capsys: Capsys) -> None:
-    dd = build_data_dir(tmp_path, appends=3)
-    off, size = dd.frame_offsets()[-1]
-    flip(dd.wal_file(), off + size - 1)
+    dd, off = torn_write(tmp_path, appends=3)
     data, _ = dd.seg(TOPIC, 1)
     flip(data, 45)
     assert tools.main_dump([str(dd.root), "--json"]) == 0
     rows = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
     end = next(r for r in rows if r["kind"] == "wal_end")
-    assert end["torn"] == "checksum mismatch" and end["offset"] == off and end["frames"] == 4
+    # The log ends where the torn write began; its 5 frames (SyncMarks aside) are listed.
+    assert end["torn"] == "checksum mismatch" and end["offset"] == off and end["frames"] == 5
+    assert len([r for r in rows if r["kind"] == "wal_frame"]) == 5
     bad = [r for r in rows if r["kind"] == "record_error"]
     assert [r["seq"] for r in bad] == [1] and bad[0]["error"]
     assert tools.main_dump([str(dd.root)]) == 0
