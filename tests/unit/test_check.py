@@ -11,7 +11,6 @@ import pytest
 from topics.storage.check import CORRUPT, INFO, WARNING, check
 from topics.storage.frame import (
     DELETE,
-    SYNC_MARK,
     TOPIC_CREATE,
     encode_append,
     encode_control,
@@ -172,23 +171,6 @@ def poke(path: Path, offset: int, data: bytes) -> None:
     path.write_bytes(bytes(raw))
 
 
-def marks_after(sc: ShardScan, file: str, offset: int) -> int:
-    """SyncMark frames of a (clean) shard scan after byte `offset` of `file` and in
-    every later file. How many there are depends on how the writer batched its syncs;
-    `Damage.valid_after` (so `lost_frames`) counts them, `CheckReport.frames` does not."""
-    n = 0
-    later = False
-    for f in sc.files:
-        sel = f.cols["type"] == SYNC_MARK
-        if later:
-            n += int(sel.sum())
-        elif f.name == file:
-            n += int((sel & (f.cols["off"] > offset)).sum())
-            later = True
-    assert later, file
-    return n
-
-
 def kinds(report: object) -> list[str]:
     return [p.kind for p in report.problems]  # type: ignore[attr-defined]
 
@@ -260,8 +242,8 @@ def test_damaged_last_frame_before_the_sync_mark_is_damage(tmp_path: Path) -> No
     dd = build_data_dir(tmp_path)
     sc = dd.scan()
     off, size = dd.frame_offsets()[-1]
-    marks = marks_after(sc, dd.wal_file().name, off)
-    assert marks >= 1 and sc.mark >= off + size
+    marks = 0  # only SyncMarks follow: no frame that carries anything
+    assert sc.mark >= off + size
     raw = bytearray(dd.wal_file().read_bytes())
     raw[off + size - 8 : off + size] = bytes(8)  # the last frame's checksum is gone
     dd.wal_file().write_bytes(bytes(raw))
@@ -289,7 +271,7 @@ def test_bit_flip_mid_log_is_counted_damage(tmp_path: Path) -> None:
     dd = build_data_dir(tmp_path)
     offs = dd.frame_offsets()
     off, size = offs[3]
-    marks = marks_after(dd.scan(), dd.wal_file().name, off)
+    marks = 0  # SyncMarks are not counted as frames at risk
     flip(dd.wal_file(), off + size - 12)  # inside the 4th frame's payload
     r = check(RealFs(), str(dd.root))
     assert not r.ok
@@ -309,7 +291,7 @@ def test_bit_flip_mid_log_is_counted_damage(tmp_path: Path) -> None:
 def test_damaged_length_prefix_mid_log_resynchronises(tmp_path: Path) -> None:
     dd = build_data_dir(tmp_path)
     offs = dd.frame_offsets()
-    marks = marks_after(dd.scan(), dd.wal_file().name, offs[2][0])
+    marks = 0  # SyncMarks are not counted as frames at risk
     flip(dd.wal_file(), offs[2][0] + 1, 0x7F)  # frame_len of the 3rd frame: overrun/lengths
     r = check(RealFs(), str(dd.root))
     assert kinds(r) == ["mid_log_damage"] and r.lost_frames == len(offs) - 3 + marks
@@ -321,7 +303,7 @@ def test_zeroed_frame_mid_log_is_damage(tmp_path: Path) -> None:
     dd = build_data_dir(tmp_path)
     offs = dd.frame_offsets()
     off, size = offs[5]
-    marks = marks_after(dd.scan(), dd.wal_file().name, off)
+    marks = 0  # SyncMarks are not counted as frames at risk
     raw = bytearray(dd.wal_file().read_bytes())
     raw[off : off + size] = bytes(size)
     dd.wal_file().write_bytes(bytes(raw))
@@ -334,8 +316,6 @@ def test_zeroed_frame_mid_log_is_damage(tmp_path: Path) -> None:
 def test_two_damaged_regions_count_every_later_frame(tmp_path: Path) -> None:
     dd = build_data_dir(tmp_path)
     offs = dd.frame_offsets()
-    sc = dd.scan()
-    name = dd.wal_file().name
     flip(dd.wal_file(), offs[2][0] + 20)
     flip(dd.wal_file(), offs[7][0] + 20)
     r = check(RealFs(), str(dd.root))
@@ -343,12 +323,12 @@ def test_two_damaged_regions_count_every_later_frame(tmp_path: Path) -> None:
     assert [p.offset for p in r.problems] == [offs[2][0], offs[7][0]]
     # Frames 3..6 and 8.. survive the resync and are all counted.
     assert r.mid_log_damage == 2 and r.frames == len(offs) - 2
-    # Each range counts the valid frames after it (the ones after both count twice).
-    first = len(offs) - 3 - 1 + marks_after(sc, name, offs[2][0])  # 3..6, 8..
-    second = len(offs) - 8 + marks_after(sc, name, offs[7][0])  # 8..
+    # Each range names the valid frames after it; lost_frames counts them once.
+    first = len(offs) - 3 - 1  # 3..6, 8..
+    second = len(offs) - 8  # 8..
     assert f"{first} valid frames follow" in r.problems[0].detail
     assert f"{second} valid frames follow" in r.problems[1].detail
-    assert r.lost_frames == first + second
+    assert r.lost_frames == first
 
 
 def test_damage_in_a_rotated_out_file_counts_the_later_files(tmp_path: Path) -> None:
@@ -360,7 +340,7 @@ def test_damage_in_a_rotated_out_file_counts_the_later_files(tmp_path: Path) -> 
     sc = dd.scan()
     name, first = sc.frames[1]
     assert name == files[0].name
-    marks = marks_after(sc, name, first.offset)
+    marks = 0  # SyncMarks are not counted as frames at risk
     flip(files[0], first.offset + 20)
     r = check(RealFs(), str(dd.root))
     # One damaged range, in the oldest file; the frames after it, in this and every
@@ -581,7 +561,7 @@ def test_fakedisk_poked_mid_log_and_unreadable_file() -> None:
     sc = scan_shard(disk, "/data/wal")
     third = sc.frames[2][1]
     assert sc.end_file is not None
-    marks = marks_after(sc, sc.end_file, third.offset)
+    marks = 0  # SyncMarks are not counted as frames at risk
     disk.poke(f"/data/wal/{sc.end_file}", third.offset + 20, b"\xff")
     r = check(disk, "/data")
     assert kinds(r) == ["mid_log_damage"] and r.lost_frames == len(frames) - 3 + marks

@@ -389,9 +389,11 @@ class _ShardChecker:
         for name, fr in sc.frames:
             self.frame_content(posixpath.join(d, name), fr)
             r.frames += 1
+        if sc.damage:
+            # Every valid frame after the first damage is at risk (counted once).
+            r.lost_frames += sc.damage[0].valid_after
         for dmg in sc.damage:
             r.mid_log_damage += 1
-            r.lost_frames += dmg.valid_after if dmg.end > dmg.start else 0
             r.add(
                 "mid_log_damage",
                 posixpath.join(d, dmg.file),

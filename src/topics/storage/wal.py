@@ -185,7 +185,7 @@ class Damage:
     `file`/`start`/`end`: the byte range `[start, end)` of the file that no
     valid frame covers; `reason` says why (a decoder `TORN_*` reason, a missing
     file, an incomplete write); `valid_after` counts the valid frames of the
-    shard after it; `before`/`after` map topic id -> the last Append seq seen
+    shard after it (SyncMarks left out); `before`/`after` map topic id -> the last Append seq seen
     before the range and the first seen after it (the seqs at risk lie between).
     See docs/FORMATS.md, "Torn tail or damage".
     """
@@ -551,9 +551,13 @@ def _damage(
     """Attach to each damaged range the valid frames after it and the seqs around it."""
     counts = [len(f.cols) for f in scanned]
     appends = [f.cols["type"] == APPEND for f in scanned]
+    # Frames that carry something (SyncMarks are bookkeeping), per file, cumulative.
+    real = [np.cumsum(f.cols["type"] != SYNC_MARK) for f in scanned]
+    totals = [int(r[-1]) if len(r) else 0 for r in real]
     out: list[Damage] = []
     for k, a, b, reason, row, index, frames in sorted(raw):
-        after = counts[k] - row + sum(counts[k + 1 :])
+        before_here = int(real[k][row - 1]) if row > 0 else 0
+        after = totals[k] - before_here + sum(totals[k + 1 :])
         before_seq: dict[int, int] = {}
         after_seq: dict[int, int] = {}
         for j, fsc in enumerate(scanned):
