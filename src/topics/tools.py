@@ -559,6 +559,17 @@ def _wal_lines(fs: Fs, data_dir: str, topic: int | None, as_json: bool) -> Itera
             "offset": sc.end_offset,
             "frames": len(sc.frames),
             "torn": sc.torn.reason if sc.torn is not None else None,
+            "damage": [
+                {
+                    "file": d.file,
+                    "start": d.start,
+                    "end": d.end,
+                    "reason": d.reason,
+                    "valid_after": d.valid_after,
+                    "at_risk": d.at_risk(),
+                }
+                for d in sc.damage
+            ],
         }
         if as_json:
             yield _dumps(end)
@@ -568,6 +579,8 @@ def _wal_lines(fs: Fs, data_dir: str, topic: int | None, as_json: bool) -> Itera
                 f"# wal {label}: {len(sc.frames)} frames, end at "
                 f"{sc.end_file}@{sc.end_offset}{torn}"
             )
+            for d in sc.damage:
+                yield f"# wal {label}: DAMAGE {d.describe(label)}"
 
 
 def _segment_lines(fs: Fs, data_dir: str, topic: int | None, as_json: bool) -> Iterator[str]:

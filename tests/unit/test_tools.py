@@ -174,6 +174,7 @@ def test_dump_json_is_line_delimited(tmp_path: Path, capsys: Capsys) -> None:
             "offset": ends[0]["offset"],
             "frames": 6,
             "torn": None,
+            "damage": [],
         }
     ]
     recs = [r for r in rows if r["kind"] == "record"]
