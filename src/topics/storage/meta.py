@@ -21,7 +21,8 @@ event loop (SEMANTICS §17 "Snapshots"; seed 0 "Metadata snapshots")::
     l_cap, l_ttl, l_trim, delete_below, last_write_ms, last_read_ms,
     ckpt (last seq in a segment), count, bytes, reserved (disk-class durable
     head reservation, 0 = exact), queue (lease projection of a
-    `leases_durable` queue, or null)
+    `leases_durable` queue, or null), lost (seq ranges `[[first, last], ...]`
+    that `topics repair` recorded as destroyed by damage)
 
 Replay from the recorded positions applies only frames logged after the
 capture; the few frame kinds that are not naturally idempotent on a state that
