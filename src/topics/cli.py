@@ -194,6 +194,7 @@ async def _serve(cfg: ServerConfig) -> int:
             if cfg.checkpoint_interval_ms
             else 5.0,
         ),
+        {"file_bytes": cfg.wal_file_bytes},
         cold_dir=cfg.cold_dir,
     )
     try:

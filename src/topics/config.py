@@ -150,6 +150,7 @@ class ServerConfig:
     data_dir: str = "./topics-data"
     cold_dir: str | None = None
     wal_shards: int = field(default_factory=lambda: max(1, min(os.cpu_count() or 1, 8)))
+    wal_file_bytes: int = 67_108_864
     segment_max_events: int = 10_000
     segment_max_bytes: int = 67_108_864
     segment_max_age_ms: int = 3_600_000
@@ -326,6 +327,7 @@ def load_config(env: Mapping[str, str] | None = None) -> ServerConfig:
         data_dir=env.get("TOPICS_DATA_DIR", "").strip() or "./topics-data",
         cold_dir=env.get("TOPICS_COLD_DIR", "").strip() or None,
         wal_shards=shards,
+        wal_file_bytes=_int(env, "TOPICS_WAL_FILE_BYTES", 67_108_864, minimum=65_536),
         segment_max_events=_int(env, "TOPICS_SEGMENT_MAX_EVENTS", 10_000, minimum=1),
         segment_max_bytes=_int(env, "TOPICS_SEGMENT_MAX_BYTES", 67_108_864, minimum=1),
         segment_max_age_ms=_int(env, "TOPICS_SEGMENT_MAX_AGE_MS", 3_600_000),

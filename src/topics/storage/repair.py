@@ -33,6 +33,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from topics.clock import Clock, SystemClock
 from topics.storage.frame import (
     APPEND,
@@ -199,6 +201,11 @@ def _merge(rngs: list[tuple[int, int]]) -> list[tuple[int, int]]:
 def _plan_shard(fs: Fs, sc: ShardScan, heads: dict[int, int]) -> ShardRepair:
     sr = ShardRepair(sc.dir, list(sc.damage))
     bufs = {f.name: f.buf for f in sc.files}
+    # Every topic the readable part of the log names (a TopicCreate counts too).
+    seen: set[int] = set()
+    for f in sc.files:
+        seen.update(np.unique(f.cols["topic_id"]).tolist())
+    seen.discard(0)
     for d in sc.damage:
         if d.index >= 0:
             if d.frames > 0:
@@ -219,7 +226,7 @@ def _plan_shard(fs: Fs, sc: ShardScan, heads: dict[int, int]) -> ShardRepair:
             parsed, unparsed = _parse_headers(buf, d.start, min(d.end, len(buf)))
         elif d.index >= 0 or d.end == d.start:
             unparsed = max(d.frames, 1) * MIN_FRAME_SIZE
-        known = set(d.before) | set(d.after) | set(heads)
+        known = set(d.before) | set(d.after) | set(heads) | seen
         span = max((d.end - d.start) // MIN_FRAME_SIZE, 1)  # records the bytes could hold
         for tid, seq in parsed:
             lo = d.before.get(tid, heads.get(tid, 0))
