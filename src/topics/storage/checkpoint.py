@@ -77,6 +77,9 @@ _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _WAL_SEQ = 14  # byte offset of `seq` in a WAL frame
 _HOLE_FRAME = 45  # a segment frame with no node, tag or payload
+#: Most segment-frame bytes converted and written in one step (a single larger
+#: record still goes whole): bounds a cycle's working memory, see `_topic_files`.
+STEP_BYTES = 4 * 1024 * 1024
 
 
 class CheckpointFailed(Exception):
@@ -438,6 +441,10 @@ class Checkpointer:
             r = _Result(p)
             try:
                 self._topic_files(p, r, now, report)
+                if p.store.writer is not None:
+                    # Flushed: its descriptors go back until the next cycle needs them,
+                    # so idle topics hold none (docs: README "Configuration").
+                    p.store.writer.release()
             except Exception as exc:  # OSError, FrameCorrupt...: the cycle writes no snapshot
                 log.error("checkpoint of topic %s failed: %s", p.topic.name, exc)
                 r.error = exc
@@ -590,8 +597,14 @@ class Checkpointer:
                 w = self._open_segment(store, p.first + i, r, int(r_ts[i]))
             room = max_events - w.count
             sizes = fsize[i : i + room]
-            # Records that start below the byte trigger go in (the last may cross it).
-            k = max(int(np.searchsorted(np.cumsum(sizes) - sizes, max_bytes - w.data_bytes)), 1)
+            # Records that start below the byte trigger go in (the last may cross it),
+            # converted and written at most STEP_BYTES at a time (at least one record):
+            # the frames are copied once into a blob of that size, so a cycle's memory
+            # does not grow with the records it moves. Steps append to the same writer,
+            # so the segments are the same whatever the step size.
+            ends = np.cumsum(sizes)
+            k = max(int(np.searchsorted(ends - sizes, max_bytes - w.data_bytes)), 1)
+            k = min(k, max(int(np.searchsorted(ends, STEP_BYTES, side="right")), 1))
             j = i + k
             blob, flen, fl = self._frames(p, tid, i, j, r_loc, r_off, r_len, r_ts, hole)
             entries = w.append_blob(blob, flen, r_ts[i:j], fl)
@@ -604,6 +617,7 @@ class Checkpointer:
             lens[i:j] = entries["len"]
             report.records += j - i
             report.bytes += len(blob)
+            del blob, entries
             i = j
             if w.count >= max_events or w.data_bytes >= max_bytes:
                 w.flush()
