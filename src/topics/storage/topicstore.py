@@ -154,6 +154,20 @@ class OpenSegmentFiles:
             old, _ = self._lru.popitem(last=False)
             old._drop_handle()
 
+    def close_under(self, directory: str) -> int:
+        """Release the handles of every file under `directory`; returns how many.
+
+        For a topic directory about to be removed: a descriptor left open would
+        keep the unlinked files' disk space until it was evicted.
+        """
+        prefix = directory.rstrip("/") + "/"
+        with self.lock:
+            gone = [s for s in self._lru if s.name.startswith(prefix)]
+            for src in gone:
+                del self._lru[src]
+                src._drop_handle()
+        return len(gone)
+
     def clear(self) -> None:
         """Release every handle (tests; a later read reopens)."""
         with self.lock:
@@ -518,6 +532,7 @@ def flip_deleted(fs: Fs, idx_path: str, first_seq: int, seqs: list[int]) -> None
 def remove_topic_dir(fs: Fs, root: str, topic_id: int) -> None:
     """Unlink every file of a deleted topic instance's directory under `root`, then the directory."""
     d = topic_dir(root, topic_id)
+    open_files.close_under(d)
     if not fs.exists(d):
         return
     for name in fs.listdir(d):
