@@ -197,7 +197,7 @@ class Checkpointer:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        """Stop the periodic trigger and wait for a running cycle to finish.
+        """Stop the periodic trigger, wait for a running cycle, give back read handles.
 
         A cycle in flight is never cancelled: its file work runs in a thread
         that would go on writing while the next cycle starts.
@@ -216,6 +216,7 @@ class Checkpointer:
                 await running
             except Exception as exc:
                 log.error("checkpoint failed: %s", exc)
+        self._release_handles()  # a stopping storage (graceful or not) keeps no descriptors
 
     def force_next(self) -> None:
         """Make the next trigger check run a cycle (e.g. after a large WAL replay)."""
@@ -369,8 +370,9 @@ class Checkpointer:
     def _release_handles(self) -> None:
         """Give back every segment read handle (a read after this reopens its file).
 
-        The last cycle of a graceful shutdown ends with it, so a closed storage
-        leaves no descriptor or map behind in the process-wide pool.
+        :meth:`stop` and the last cycle of a graceful shutdown end with it, so a
+        stopped storage leaves no descriptor or map behind in the process-wide
+        pool (:data:`~topics.storage.topicstore.open_files`).
         """
         for t in self.engine.topics.values():
             for src in t.sources.values():
