@@ -46,6 +46,7 @@ import logging
 import mmap
 import os
 import re
+import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -91,6 +92,7 @@ MAX_DATA_BYTES = 0xFFFFFFFF
 
 _SEQ_OFF = 13  # frame_len u32, flags u8, topic_id u64 -> seq u64 (docs/FORMATS.md)
 _FLAGS_OFF = 16  # byte offset of `flags` inside one `.idx` entry
+_U32 = struct.Struct("<I")
 _NAME_RE = re.compile(r"^seg-(\d{16})\.(data|idx)$")
 
 IdxArray = npt.NDArray[np.void]
@@ -275,10 +277,17 @@ class SegmentWriter:
     `.data` bytes at once; their `.idx` entries are written by :meth:`flush`,
     after `.data` is durable. Not thread-safe: one writer per segment.
 
+    The writer holds two file descriptors while in use; :meth:`release` gives
+    them back between uses (the next write reopens the files), so idle active
+    segments of many topics cost no descriptors.
+
     Raises:
         FileExistsError: a non-empty `.data` or `.idx` already exists.
         OSError: from the fs.
     """
+
+    _data_f: File | None
+    _idx_f: File | None
 
     def __init__(self, fs: Fs, directory: str, first_seq: int) -> None:
         self._init(fs, directory, first_seq)
@@ -293,12 +302,13 @@ class SegmentWriter:
                         raise FileExistsError(f"segment file already exists: {path}")
                 finally:
                     f.close()
-        self._data = fs.open(self.paths.data, create=True, write=True)
+        data = fs.open(self.paths.data, create=True, write=True)
         try:
-            self._idx = fs.open(self.paths.idx, create=True, write=True)
+            self._idx_f = fs.open(self.paths.idx, create=True, write=True)
         except BaseException:
-            self._data.close()
+            data.close()
             raise
+        self._data_f = data
         self._dir_synced = False
         self._parent_sync = created_dir
 
@@ -315,6 +325,8 @@ class SegmentWriter:
         self._dirty = False
         self._pending_idx: list[bytes] = []
         self._idx_on_disk = 0
+        self._data_f = None
+        self._idx_f = None
 
     @classmethod
     def resume(
@@ -336,12 +348,13 @@ class SegmentWriter:
         for path in w.paths:
             if not fs.exists(path):
                 raise FileNotFoundError(path)
-        w._data = fs.open(w.paths.data, write=True)
+        data = fs.open(w.paths.data, write=True)
         try:
-            w._idx = fs.open(w.paths.idx, write=True)
+            w._idx_f = fs.open(w.paths.idx, write=True)
         except BaseException:
-            w._data.close()
+            data.close()
             raise
+        w._data_f = data
         w._dir_synced = True
         w._parent_sync = False
         try:
@@ -376,6 +389,56 @@ class SegmentWriter:
             w.close()
             raise
         return w
+
+    # -- descriptors --
+
+    @property
+    def _data(self) -> File:
+        f = self._data_f
+        if f is None:
+            if self._closed:
+                raise SegmentError(f"segment {self.paths.data} is closed")
+            f = self._data_f = self.fs.open(self.paths.data, write=True)
+        return f
+
+    @property
+    def _idx(self) -> File:
+        f = self._idx_f
+        if f is None:
+            if self._closed:
+                raise SegmentError(f"segment {self.paths.idx} is closed")
+            f = self._idx_f = self.fs.open(self.paths.idx, write=True)
+        return f
+
+    @property
+    def holds_files(self) -> bool:
+        """Whether either file is open right now (see :meth:`release`)."""
+        return self._data_f is not None or self._idx_f is not None
+
+    def release(self) -> bool:
+        """Close both descriptors but keep the writer usable; True when released.
+
+        The next append, flush or :meth:`idx_bytes` reopens the files (both
+        must still exist, else OSError/FileNotFoundError). A writer with
+        appends not yet flushed keeps its files (returns False): durability
+        never depends on syncing through a different descriptor. This is what
+        keeps a process with many topics from holding two descriptors per
+        active segment between checkpoints.
+        """
+        if self._dirty:
+            return False
+        self._close_files()
+        return True
+
+    def _close_files(self) -> None:
+        d, i = self._data_f, self._idx_f
+        self._data_f = self._idx_f = None
+        try:
+            if d is not None:
+                d.close()
+        finally:
+            if i is not None:
+                i.close()
 
     # -- state --
 
@@ -567,11 +630,9 @@ class SegmentWriter:
         return self.info()
 
     def close(self) -> None:
-        """Close both files without flushing (idempotent)."""
-        if not self._closed:
-            self._closed = True
-            self._data.close()
-            self._idx.close()
+        """Close both files without flushing (idempotent); the writer is unusable after."""
+        self._closed = True
+        self._close_files()
 
     def __enter__(self) -> SegmentWriter:
         return self
@@ -843,41 +904,38 @@ def segment_blob(
     """Segment frames for WAL Append frames: frame `i` is `bufs[which[i]][offs[i]:offs[i] + lens[i]]`.
 
     Returns `(blob, frame_lens, flags, seqs)`: the segment frames back to back,
-    each frame's length, its flags byte (for `.idx`) and the seq it carries. A
-    segment frame is its WAL frame without the type byte: `frame_len` one less,
-    the bytes `[flags .. payload]` copied as they are, and an XXH3-64 over exactly
-    those bytes (docs/FORMATS.md). One slice and one checksum call per frame;
-    everything else is vectorised. The WAL frames must already be trusted
-    (encoded in this process, or verified when the WAL was read).
+    each frame's length in bytes, its flags byte (for `.idx`) and the seq it
+    carries. A segment frame is its WAL frame without the type byte:
+    `frame_len` one less, the bytes `[flags .. payload]` copied as they are, and
+    an XXH3-64 over exactly those bytes (docs/FORMATS.md). The WAL frames must
+    already be trusted (encoded in this process, or verified when the WAL was
+    read).
+
+    Memory: the frame bodies are taken as views of `bufs` and copied once, into
+    the returned blob, so the working set is about `len(blob)` (callers bound it
+    by converting a run of records at a time, see the checkpointer).
     """
     n = len(offs)
-    o = offs.astype(np.int64)
+    o5 = offs.astype(np.int64) + 5  # [flags ..] starts after frame_len u32 and the type byte
     blen = lens.astype(np.int64) - 13  # [flags .. payload]: minus len, type and checksum
     xx = xxhash.xxh3_64_intdigest
-    bodies = [
-        bufs[k][a + 5 : a + 5 + b]
-        for k, a, b in zip(which.tolist(), o.tolist(), blen.tolist(), strict=True)
-    ]
-    crcs = np.fromiter((xx(b) for b in bodies), dtype="<u8", count=n)
-    joined = np.frombuffer(b"".join(bodies), np.uint8)
-    bstart = np.zeros(n, np.int64)
-    if n > 1:
-        np.cumsum(blen[:-1], out=bstart[1:])
-    flags = joined[bstart]
-    # [flags u8, topic_id u64, seq u64, ...]: the seq is 9 bytes into the body.
-    seqs = joined[(bstart + 9)[:, None] + np.arange(8)].copy().view("<u8").reshape(n)
+    pack_len = _U32.pack
+    views = [memoryview(b) for b in bufs]
+    pieces: list[bytes | memoryview] = []
+    add = pieces.append
+    for k, a, b in zip(np.asarray(which).tolist(), o5.tolist(), blen.tolist(), strict=True):
+        body = views[k][a : a + b]
+        add(pack_len(b + 8))
+        add(body)
+        add(xx(body).to_bytes(8, "little"))
+    blob = b"".join(pieces)
+    del pieces, views
     flen = blen + 12
-    starts = bstart + 12 * np.arange(n, dtype=np.int64)
-    total = int(flen.sum())
-    out = np.zeros(total, np.uint8)
-    # Body bytes go where neither a length prefix nor a checksum sits.
-    marks = np.zeros(total + 1, np.int64)
-    np.add.at(marks, starts, 1)
-    np.add.at(marks, starts + 4, -1)
-    np.add.at(marks, starts + 4 + blen, 1)
-    np.add.at(marks, starts + flen, -1)
-    out[np.cumsum(marks[:-1]) == 0] = joined
-    out[starts[:, None] + np.arange(4)] = (blen + 8).astype("<u4").view(np.uint8).reshape(n, 4)
-    crc_at = starts + 4 + blen
-    out[crc_at[:, None] + np.arange(8)] = crcs.view(np.uint8).reshape(n, 8)
-    return out.tobytes(), flen.astype(np.uint32), flags, seqs
+    starts = np.zeros(n, np.int64)
+    if n > 1:
+        np.cumsum(flen[:-1], out=starts[1:])
+    raw = np.frombuffer(blob, np.uint8)
+    flags = raw[starts + 4]  # a copy (fancy indexing)
+    # [frame_len u32, flags u8, topic_id u64, seq u64, ...]: the seq is at byte 13.
+    seqs = raw[(starts + 13)[:, None] + np.arange(8)].view("<u8").reshape(n)
+    return blob, flen.astype(np.uint32), flags, seqs

@@ -5,9 +5,11 @@ A topic's records end up in `topics/<topic_id hex>/seg-<first_seq>.data/.idx`
 
 * :class:`SegmentSource` - the engine's view of one segment (a
   :class:`~topics.engine.frames.FrameSource`): a sealed `.data` is read through
-  `mmap` (mapped on first use; at most :data:`MAX_MAPS` maps stay open, the
-  least recently used are unmapped), the active one through `pread`. Every
-  frame read is verified by the engine (`verify = True`).
+  `mmap`, the active one through `pread`, both opened on first use and kept in
+  one process-wide LRU, :data:`open_files`, that holds at most
+  `TOPICS_MAX_OPEN_SEGMENT_FILES` handles (one file descriptor each), so the
+  descriptors used for reads never grow with the number of topics or
+  segments. Every frame read is verified by the engine (`verify = True`).
 * :class:`TopicStore` / :class:`SegMeta` - the checkpointer's bookkeeping of a
   topic's segments (first seq, count, deleted entries, sealed or active) and the
   writer of the active segment.
@@ -28,7 +30,9 @@ from __future__ import annotations
 import errno
 import logging
 import mmap
+import os
 import posixpath
+import threading
 from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -61,8 +65,11 @@ from topics.storage.segment import (
 from topics.storage.segstore import LocalSegmentStore, SegmentPart, Tier, TopicTier
 
 __all__ = [
-    "MAX_MAPS",
+    "DEFAULT_MAX_OPEN_SEGMENT_FILES",
     "SEG_FRAME_OVERHEAD",
+    "OpenSegmentFiles",
+    "open_files",
+    "set_max_open_segment_files",
     "SegmentSource",
     "SegMeta",
     "TopicStore",
@@ -74,18 +81,123 @@ __all__ = [
 
 log = logging.getLogger("topics.segments")
 
-#: Most sealed segments mapped at once (each map is one `vm.max_map_count` entry).
-MAX_MAPS = 4096
+#: Default of :data:`TOPICS_MAX_OPEN_SEGMENT_FILES`: segment read handles kept open.
+DEFAULT_MAX_OPEN_SEGMENT_FILES = 256
 #: Bytes of a segment frame besides node, tag and payload (header 37 + checksum 8).
 SEG_FRAME_OVERHEAD = SEG_HDR + 8
 _FLAGS_OFF = 16  # of `flags` inside one `.idx` entry
 _DL_OFF = SEG_HDR - 4  # of `data_len` inside a segment frame
+_ENV_CAP = "TOPICS_MAX_OPEN_SEGMENT_FILES"
 
-_maps: OrderedDict[SegmentSource, None] = OrderedDict()
+
+def _cap_from_env() -> int:
+    raw = os.environ.get(_ENV_CAP, "").strip()
+    try:
+        return max(1, int(raw)) if raw else DEFAULT_MAX_OPEN_SEGMENT_FILES
+    except ValueError:
+        log.warning(
+            "%s=%r is not an integer; using %d", _ENV_CAP, raw, DEFAULT_MAX_OPEN_SEGMENT_FILES
+        )
+        return DEFAULT_MAX_OPEN_SEGMENT_FILES
+
+
+class OpenSegmentFiles:
+    """A process-wide LRU of the read handles :class:`SegmentSource` keeps open.
+
+    A handle is either a `pread` file (the active segment, or any non-real
+    `Fs`) or an `mmap` of a sealed `.data` (which holds a duplicate of its file
+    descriptor for as long as it lives). Each costs one descriptor, so at most
+    `cap` descriptors are held for reads however many topics and segments
+    exist; the least recently used handle is released when a new one would
+    exceed the cap, and the source reopens it on its next read.
+
+    A released `mmap` is never closed explicitly: the pool only drops its
+    reference, so a read that still holds the map (the `buf` of a
+    :meth:`SegmentSource.span`) keeps it valid, and CPython unmaps it (closing
+    its descriptor) as soon as the last holder lets go. A released `pread` file
+    is closed under the pool's lock, which every `pread` through the pool also
+    holds, so no read ever sees its descriptor vanish.
+
+    Thread-safe. `cap` (>= 1) comes from `TOPICS_MAX_OPEN_SEGMENT_FILES`
+    (default :data:`DEFAULT_MAX_OPEN_SEGMENT_FILES`; README "Configuration").
+    """
+
+    def __init__(self, cap: int) -> None:
+        self.cap = max(1, cap)
+        self.lock = threading.Lock()
+        self._lru: OrderedDict[SegmentSource, None] = OrderedDict()
+        self.opened = 0  # handles opened so far (reopens included): a test's view of churn
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def set_cap(self, cap: int) -> None:
+        """Change the cap (>= 1), releasing the oldest handles beyond it."""
+        with self.lock:
+            self.cap = max(1, cap)
+            self._trim()
+
+    def touch(self, src: SegmentSource) -> None:
+        """`src` was just used (lock held by the caller)."""
+        self._lru.move_to_end(src)
+
+    def add(self, src: SegmentSource) -> None:
+        """`src` now holds a handle (lock held); releases the oldest beyond the cap."""
+        self.opened += 1
+        self._lru[src] = None
+        self._lru.move_to_end(src)
+        self._trim()
+
+    def discard(self, src: SegmentSource) -> None:
+        """`src` gave its handle back (lock held)."""
+        self._lru.pop(src, None)
+
+    def _trim(self) -> None:
+        while len(self._lru) > self.cap:
+            old, _ = self._lru.popitem(last=False)
+            old._drop_handle()
+
+    def close_under(self, directory: str) -> int:
+        """Release the handles of every file under `directory`; returns how many.
+
+        For a topic directory about to be removed: a descriptor left open would
+        keep the unlinked files' disk space until it was evicted.
+        """
+        prefix = directory.rstrip("/") + "/"
+        with self.lock:
+            gone = [s for s in self._lru if s.name.startswith(prefix)]
+            for src in gone:
+                del self._lru[src]
+                src._drop_handle()
+        return len(gone)
+
+    def clear(self) -> None:
+        """Release every handle (tests; a later read reopens)."""
+        with self.lock:
+            while self._lru:
+                old, _ = self._lru.popitem(last=False)
+                old._drop_handle()
+
+
+#: The pool every :class:`SegmentSource` of this process shares.
+open_files = OpenSegmentFiles(_cap_from_env())
+
+
+def set_max_open_segment_files(cap: int) -> None:
+    """Set the read-handle cap of :data:`open_files` (what the env knob sets at import)."""
+    open_files.set_cap(cap)
 
 
 class SegmentSource:
-    """Frames of one segment `.data` file, read by the engine on the event loop."""
+    """Frames of one segment `.data` file, read by the engine (a FrameSource).
+
+    A sealed `.data` on a :class:`~topics.storage.fs.RealFs` is read through an
+    `mmap`, anything else (the active segment, another `Fs`) through `pread`.
+    Either handle is opened on first use and kept in :data:`open_files`, which
+    bounds how many are open at once; a read after the pool released the
+    handle reopens it. Raises OSError (e.g. FileNotFoundError) when the file
+    cannot be opened or read.
+    """
 
     __slots__ = ("fs", "name", "sealed", "_map", "_file", "__weakref__")
 
@@ -99,54 +211,73 @@ class SegmentSource:
         self._map: mmap.mmap | None = None
         self._file: File | None = None
 
+    @property
+    def is_open(self) -> bool:
+        """Whether this source holds a handle (a map or a file) right now."""
+        return self._map is not None or self._file is not None
+
     def span(self, lo: int, hi: int) -> tuple[Buf, int]:
-        """The bytes `[lo, hi)` of `.data`: the whole map (base 0) or one pread (base lo)."""
-        if self._map is not None:
-            _maps.move_to_end(self)
-            return self._map, 0
-        if self.sealed and isinstance(self.fs, RealFs):
-            m = self._mapped()
+        """The bytes `[lo, hi)` of `.data`: the whole map (base 0) or one pread (base lo).
+
+        A returned map stays valid for as long as the caller holds it, even if
+        the pool releases it meanwhile.
+        """
+        pool = open_files
+        with pool.lock:
+            m = self._map
             if m is not None:
+                pool.touch(self)
                 return m, 0
-        f = self._file
-        if f is None:
-            f = self._file = self.fs.open(self.name)
-        return f.pread(hi - lo, lo), lo
+            if self.sealed and isinstance(self.fs, RealFs):
+                m = self._mapped()
+                if m is not None:
+                    return m, 0
+            f = self._file
+            if f is None:
+                f = self._file = self.fs.open(self.name)
+                pool.add(self)
+            else:
+                pool.touch(self)
+            return f.pread(hi - lo, lo), lo
 
     def _mapped(self) -> mmap.mmap | None:
+        """Map the sealed file (pool lock held); None for an empty or non-OS file."""
         f = self.fs.open(self.name)
         try:
             size = f.size()
             if size == 0 or not isinstance(f, RealFile):
                 return None
-            self._map = mmap.mmap(f.fd, size, access=mmap.ACCESS_READ)
+            m = mmap.mmap(f.fd, size, access=mmap.ACCESS_READ)
         finally:
             f.close()
-        _maps[self] = None
-        while len(_maps) > MAX_MAPS:
-            old, _ = _maps.popitem(last=False)
-            old._unmap()
-        return self._map
+        if self._file is not None:  # mapped now: the pread handle is not needed
+            self._file.close()
+            self._file = None
+            open_files.discard(self)
+        self._map = m
+        open_files.add(self)
+        return m
 
-    def _unmap(self) -> None:
-        m, self._map = self._map, None
-        if m is not None:
-            m.close()
+    def _drop_handle(self) -> None:
+        """Give the handle up (pool lock held): close a file, drop a map reference."""
+        self._map = None  # unmapped by CPython once no read holds it
+        f, self._file = self._file, None
+        if f is not None:
+            f.close()
 
     def seal(self) -> None:
         """The segment became immutable: later reads may map it."""
-        self.sealed = True
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        with open_files.lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+                open_files.discard(self)
 
     def close(self) -> None:
-        """Release the map and the read handle (idempotent)."""
-        _maps.pop(self, None)
-        self._unmap()
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        """Release the map and the read handle (idempotent); a later read reopens."""
+        with open_files.lock:
+            open_files.discard(self)
+            self._drop_handle()
 
 
 @dataclass(slots=True)
@@ -474,7 +605,12 @@ def load_topic(
         if active:
             writer = SegmentWriter.resume(fs, d, first)
             store.writer = writer
-            raw = writer.idx_bytes()
+            try:
+                raw = writer.idx_bytes()
+            finally:
+                # Resumed (and fdatasynced if it was cut): no descriptors held until
+                # the checkpointer appends to it, however many topics there are.
+                writer.release()
             data_size = writer.data_bytes
         else:
             raw = _read_all(fs, paths.idx)
@@ -547,6 +683,7 @@ def flip_deleted(fs: Fs, idx_path: str, first_seq: int, seqs: list[int]) -> None
 def remove_topic_dir(fs: Fs, root: str, topic_id: int) -> None:
     """Unlink every file of a deleted topic instance's directory under `root`, then the directory."""
     d = topic_dir(root, topic_id)
+    open_files.close_under(d)
     if not fs.exists(d):
         return
     for name in fs.listdir(d):
