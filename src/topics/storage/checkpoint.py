@@ -144,6 +144,9 @@ class _Result:
     new_sources: dict[int, SegmentSource] = field(default_factory=dict)
     sealed: list[int] = field(default_factory=list)
     dropped: list[int] = field(default_factory=list)
+    # Segments taken out of the store whose files go only once a snapshot that no
+    # longer relies on them is durable.
+    drops: list[tuple[TopicStore, SegMeta]] = field(default_factory=list)
     error: BaseException | None = None
     flips_failed: bool = False
 
@@ -188,6 +191,10 @@ class Checkpointer:
         self._stopped = False
         self._force = False
         self._running: asyncio.Future[CheckpointReport] | None = None
+        # Segments and deleted topics' directories waiting for a durable snapshot
+        # that no longer relies on them (then _remove_unpublished deletes them).
+        self._drops_pending: list[tuple[TopicStore, SegMeta]] = []
+        self._gone_pending: list[int] = []
 
     # ------------------------------------------------------------ scheduling
 
@@ -470,6 +477,8 @@ class Checkpointer:
             report.bytes += part.bytes
             report.sealed += part.sealed
             report.dropped += part.dropped
+        for r in results:
+            self._drops_pending.extend(r.drops)
         ok = all(r.error is None for r in results)
         if not ok:
             return results, CheckpointFailed("a topic's segments could not be written")
@@ -479,12 +488,7 @@ class Checkpointer:
             st = self.stores.pop(tid, None)
             if st is not None and st.writer is not None:
                 st.writer.close()
-            try:
-                remove_topic_dir(fs, self.data_dir, tid)
-                if self.cold_dir:
-                    remove_topic_dir(fs, self.cold_dir, tid)
-            except OSError as exc:
-                log.warning("cannot remove the files of deleted topic %016x: %s", tid, exc)
+            self._gone_pending.append(tid)
         try:
             n = next_snapshot_number(fs, self.meta_dir)
             write_snapshot(fs, self.meta_dir, n, meta)
@@ -492,6 +496,9 @@ class Checkpointer:
             log.error("snapshot write failed: %s", exc)
             return results, exc
         report.snapshot = n
+        # Files the previous snapshot relied on and this one does not: only now may
+        # they go (recovery refuses to start over a published segment that is gone).
+        self._remove_unpublished()
         for r in results:
             if r.plan.flips:
                 try:
@@ -504,6 +511,26 @@ class Checkpointer:
         except OSError as exc:
             log.warning("WAL pruning failed (retried next time): %s", exc)
         return results, None
+
+    def _remove_unpublished(self) -> None:
+        """Delete dropped segments and deleted topics' directories (after a snapshot)."""
+        fs = self.fs
+        drops, self._drops_pending = self._drops_pending, []
+        for store, seg in drops:
+            try:
+                store.drop(seg)  # through its tier's SegmentStore (idempotent)
+            except OSError as exc:
+                log.warning("cannot drop segment %d of %s: %s", seg.first_seq, store.dir, exc)
+                self._drops_pending.append((store, seg))
+        gone, self._gone_pending = self._gone_pending, []
+        for tid in gone:
+            try:
+                remove_topic_dir(fs, self.data_dir, tid)
+                if self.cold_dir:
+                    remove_topic_dir(fs, self.cold_dir, tid)
+            except OSError as exc:
+                log.warning("cannot remove the files of deleted topic %016x: %s", tid, exc)
+                self._gone_pending.append(tid)
 
     def _all_topic_files(
         self, plans: list[_Plan], now: int
@@ -618,7 +645,9 @@ class Checkpointer:
         keep: list[SegMeta] = []
         for seg in store.segs:
             if seg.sealed and (seg.last_seq < p.drop_below or seg.deleted >= seg.count):
-                store.drop(seg)  # through its tier's SegmentStore (idempotent)
+                # The newest durable snapshot may still rely on it: its files are
+                # deleted after this cycle's snapshot is durable (_files).
+                r.drops.append((store, seg))
                 r.dropped.append(seg.loc)
                 report.dropped += 1
             else:

@@ -180,13 +180,16 @@ class LocalSegmentStore:
         return out
 
     def delete(self, id: SegmentId) -> None:
-        """Unlink `.idx` (the commit part) then `.data` and any tmp leftovers, then dir fsync.
+        """Unlink `.data` (and its tmp), fsync the directory, then `.idx` (and its tmp).
 
+        A crash in between leaves at most the `.idx`, whose entries tell recovery
+        the segment was dropped (below the floor, or every entry deleted) rather
+        than damaged (docs/FORMATS.md, "Segments the snapshot relies on").
         Missing files are fine, so the call is idempotent.
         """
         fs = self.fs
-        removed = False
-        for part in (SegmentPart.IDX, SegmentPart.DATA):
+        for part in (SegmentPart.DATA, SegmentPart.IDX):
+            removed = False
             final = self.path(id, part)
             for path in (final, final + ".tmp"):
                 if fs.exists(path):
@@ -195,8 +198,8 @@ class LocalSegmentStore:
                     except FileNotFoundError:
                         continue
                     removed = True
-        if removed:
-            fs.fsync_dir(self.root_dir)
+            if removed:
+                fs.fsync_dir(self.root_dir)
 
     def list(self) -> builtins.list[SegmentId]:
         """Ids with both parts present, ascending; strays and `.tmp` are not listed."""

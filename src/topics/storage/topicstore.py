@@ -501,13 +501,24 @@ def check_published(
         if first > ckpt:
             continue  # written by a checkpoint that never published its snapshot
         has_idx = path.endswith(".idx")
-        count = _file_size(fs, path) // IDX_ENTRY_SIZE if has_idx else None
+        if has_idx:
+            raw = _read_all(fs, path)
+            e = np.frombuffer(raw[: len(raw) - len(raw) % IDX_ENTRY_SIZE], IDX_ENTRY_DTYPE)
+            if until(first, len(e)) <= floor or (len(e) and bool(np.all(e["flags"] == DELETED))):
+                continue  # what a drop (below the floor, or fully deleted) leaves behind
+            count: int | None = len(e)
+        else:
+            count = None
+            if until(first, None) <= floor:
+                continue
         other = ".data" if has_idx else ".idx"
         problems.append(f"{path}: its {other} is missing")
         ranges.append((first, min(until(first, count), ckpt)))
     for i, first in enumerate(listed):
         if first > ckpt:
             continue
+        if i + 1 < len(listed) and listed[i + 1] - 1 <= floor:
+            continue  # wholly below the floor: not read again, dropped by a checkpoint
         paths = segment_paths(d, first)
         idx_size = _file_size(fs, paths.idx)
         data_size = _file_size(fs, paths.data)
