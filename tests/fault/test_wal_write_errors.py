@@ -1,7 +1,10 @@
 """Row 3 (the pwrite parts): EIO/ENOSPC/ESTALE/EAGAIN and short writes on the WAL path.
 
-* a failed ``pwrite`` never acks: the write returns 500 and nothing of it is
-  visible, now or after recovery;
+* a failed ``pwrite`` never acks: the write returns 500 (507 when the disk is
+  full) and nothing of it is visible, now or after recovery;
+* a full disk is a state, not a fault: the shard refuses new writes with 507
+  while acknowledged early writes wait in order, and when space returns writes
+  resume without a restart;
 * a short write is looped until the frame is whole (acked and recovered intact);
 * a transient fault (once) leaves the shard writable: the next write succeeds;
   a persistent one latches it read-only while reads keep working;
@@ -12,9 +15,11 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from tests.support.durable import Durable, check_oracle, make_records
+from tests.support.durable import Durable, WriteOutcome, check_oracle, make_records
 from tests.support.fakedisk import FakeDisk, FaultFs
 
 
@@ -39,7 +44,7 @@ def _exactly_acked(h: Durable, topic: str) -> None:
     assert [orjson.dumps(g) for g in got] == want
 
 
-@pytest.mark.parametrize("kind", ["EIO", "ENOSPC", "ESTALE", "EAGAIN"])
+@pytest.mark.parametrize("kind", ["EIO", "ESTALE", "EAGAIN"])
 @pytest.mark.parametrize("persistent", [False, True], ids=["once", "always"])
 def test_pwrite_error_never_acks(kind: str, persistent: bool) -> None:
     disk, fault, h = _setup()
@@ -155,7 +160,7 @@ def test_fresh_data_dir_preallocation_failure_refuses_to_start() -> None:
         h.close()
 
 
-@pytest.mark.parametrize("kind", ["EIO", "ENOSPC"])
+@pytest.mark.parametrize("kind", ["EIO"])
 def test_rotation_preallocation_failure_latches_and_keeps_the_prior_file(kind: str) -> None:
     file_bytes = 4096
     disk, fault, h = _setup(shards=1, file_bytes=file_bytes)
@@ -180,4 +185,112 @@ def test_rotation_preallocation_failure_latches_and_keeps_the_prior_file(kind: s
         _exactly_acked(h, "a")
         errs = check_oracle(h, allow_unacked=False, context=f"rotation {kind}")
         assert not errs, "\n".join(errs)
+        h.close()
+
+
+def _wait_writable(h: Durable, topic: str, timeout: float = 5.0) -> WriteOutcome:
+    """Write until the shard takes it (it retries a full disk every 50 ms here)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        out = h.write(topic, make_records("resumed", 1))
+        if out.ok or time.monotonic() > deadline:
+            return out
+        assert out.status == 507, out
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["once", "until-cleared"])
+def test_disk_full_on_pwrite_is_507_and_writes_resume_when_space_returns(
+    persistent: bool,
+) -> None:
+    disk, fault, h = _setup()
+    with h:
+        before = h.read_all("a")
+        rule = fault.fail("pwrite", 1, "ENOSPC", persistent=persistent)
+        out = h.write("a", make_records("a-full", 2))
+        assert not out.ok and out.status == 507 and out.code == "insufficient_storage", out
+        shard = h.shard_of_topic("a")
+        assert shard.disk_full and not shard.read_only
+        assert h.read_all("a") == before, "a refused write is never visible"
+        # While full: refused at once with 507, and reads go on.
+        if persistent:
+            again = h.write("a", make_records("a-again", 1))
+            assert not again.ok and again.status == 507
+            assert h.read_all("b") is not None
+            fault.rules.remove(rule)  # space returns
+        resumed = _wait_writable(h, "a")
+        assert resumed.ok, resumed
+        assert not shard.disk_full
+        h.crash_and_recover(fs=disk)
+        _exactly_acked(h, "a")
+        errs = check_oracle(h, allow_unacked=False, context="disk full")
+        assert not errs, "\n".join(errs)
+        h.close()
+
+
+def test_disk_full_at_rotation_is_507_keeps_the_log_and_resumes() -> None:
+    file_bytes = 4096
+    disk, fault, h = _setup(shards=1, file_bytes=file_bytes)
+    with h:
+        shard = h.shard_of_topic("a")
+        i = 0
+        while file_bytes - shard.position[1] > 400:
+            assert h.write("a", make_records(f"fill{i}", 1, size=100)).ok
+            i += 1
+        files = sorted(n for n in disk.listdir(shard.dir) if n.startswith("wal-"))
+        # The next write needs a new file, and there is no room for one.
+        rule = fault.fail("pwrite", 1, "ENOSPC", persistent=True)
+        out = h.write("a", make_records("big", 1, size=600))
+        assert not out.ok and out.status == 507, out
+        assert shard.disk_full and not shard.read_only
+        # No partial file was left behind.
+        assert sorted(n for n in disk.listdir(shard.dir) if n.startswith("wal-")) == files
+        fault.rules.remove(rule)
+        resumed = _wait_writable(h, "a")
+        assert resumed.ok and not shard.disk_full
+        assert h.write("a", make_records("post", 1, size=600)).ok
+        h.crash_and_recover(fs=disk)
+        _exactly_acked(h, "a")
+        _exactly_acked(h, "b")
+        errs = check_oracle(h, allow_unacked=False, context="rotation ENOSPC")
+        assert not errs, "\n".join(errs)
+        h.close()
+
+
+def test_disk_class_writes_acknowledged_before_the_disk_filled_wait_and_land() -> None:
+    """disk-class writes are acknowledged when queued: if the disk fills before they
+    are written they are kept, in order, and written once space returns."""
+    disk, fault, h = _setup()
+    with h:
+        assert h.put_topic("d", {"durability": "disk"})
+        # The first write logs (and syncs) the topic's seq reservation; the next ones
+        # are acknowledged as soon as they are queued.
+        assert h.write("d", make_records("d-first", 1)).ok
+        rule = fault.fail("pwrite", 1, "ENOSPC", persistent=True)
+        staged = h.submit([("d", make_records("d-early", 3), None)])
+        pw = staged[0].pw
+        assert pw is not None and pw.ok and pw.published  # acknowledged at enqueue
+        h.spin()  # the coalesced frames go to the writer, which finds the disk full
+        shard = h.shard_of_topic("d")
+        deadline = time.monotonic() + 5
+        while not shard.disk_full and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert shard.disk_full and not shard.read_only
+        fault.rules.remove(rule)
+        # The retained frames are written on the next retry, then the state clears.
+        deadline = time.monotonic() + 5
+        while shard.disk_full and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not shard.disk_full
+        assert h.wait(staged)[0].ok
+        assert h.write("d", make_records("d-late", 1)).ok
+        h.restart(fs=disk)
+        got = [r["data"] for r in h.read_all("d") or []]
+        assert [g["u"] for g in got] == [
+            "d-first.0",
+            "d-early.0",
+            "d-early.1",
+            "d-early.2",
+            "d-late.0",
+        ]
         h.close()

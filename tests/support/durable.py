@@ -240,6 +240,7 @@ class Durable:
         history: History | None = None,
         segment_max_events: int = 64,
         cold_dir: str | None = None,
+        full_retry_s: float = 0.05,
     ) -> None:
         disk = _find_disk(fs)
         if disk is None:
@@ -253,6 +254,7 @@ class Durable:
         self.shard_kw: dict[str, Any] = {
             "file_bytes": file_bytes,
             "sync_interval_s": sync_interval_s,
+            "full_retry_s": full_retry_s,
         }
         self.timeout_s = timeout_s
         self.checkpoint_cfg = CheckpointConfig(segment_max_events=segment_max_events)

@@ -539,8 +539,11 @@ class Engine:
             self.on_published(t)
 
     def write_result(self, pw: PendingWrite, return_seqs: bool = True) -> dict[str, Any]:
-        """The ack body for a published batch (API §4); `500 internal` if its commit failed."""
+        """The ack body for a published batch (API §4); `500 internal` if its commit failed
+        (or the journal's own error, e.g. `507 insufficient_storage`)."""
         if not pw.ok:
+            if pw.error is not None:
+                raise pw.error
             raise TopicsError(500, "internal", "the write could not be committed to the log")
         out: dict[str, Any] = {
             "topic": pw.topic.name,
@@ -558,6 +561,8 @@ class Engine:
     def replay_result(self, pw: PendingWrite) -> dict[str, Any]:
         """A same-key writer that waited on `pw` gets the dedupe replay of it."""
         if not pw.ok:
+            if pw.error is not None:
+                raise pw.error
             raise TopicsError(500, "internal", "the write could not be committed to the log")
         return {
             "topic": pw.topic.name,

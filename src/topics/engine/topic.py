@@ -45,7 +45,7 @@ from topics.engine.index import (
 from topics.engine.records import NewRecord, Payload
 from topics.engine.tags import TagIndex
 from topics.engine.topic_config import TopicConfig
-from topics.errors import bad_request
+from topics.errors import TopicsError, bad_request
 from topics.storage.frame import FrameError, encode_batch
 
 __all__ = ["Topic", "Totals", "NodeInterner", "PendingWrite", "ReadResult", "Tombstone"]
@@ -160,6 +160,9 @@ class PendingWrite:
     published: bool = False
     head_after: int = 0
     fsync_ms: float = 0.0  # measured by the journal for fsync-class commits
+    # Why the commit failed, when the journal knows better than "500 internal"
+    # (e.g. 507 when the disk is full).
+    error: TopicsError | None = None
     waiters: list[Callable[[], None]] = field(default_factory=list)
     # The batch's WAL Append frames (docs/FORMATS.md), encoded once at stage time:
     # logged by the journal, then kept in memory as the records' bytes until the

@@ -11,6 +11,7 @@ for such a key. A key without prefixes sees the whole instance.
 
 from __future__ import annotations
 
+import posixpath
 import time
 from collections.abc import Callable
 from typing import Any
@@ -45,7 +46,19 @@ async def ready(ctx: Ctx) -> Resp:
             "recovery in progress",
             {"replay_progress": round(app.replay_progress, 4)},
         )
-    body = {"status": "ready", "wal_replay_complete": True, "topics": len(app.engine.topics)}
+    body: dict[str, Any] = {
+        "status": "ready",
+        "wal_replay_complete": True,
+        "topics": len(app.engine.topics),
+    }
+    # Reads go on while writes cannot be committed (a full disk, a failed fsync):
+    # still 200, but the state says so (README "When the disk fills up").
+    degraded = getattr(app.engine.journal, "degraded", None)
+    why = degraded() if callable(degraded) else None
+    if why:
+        body["status"] = "degraded"
+        body["writable"] = False
+        body["degraded"] = {k: [posixpath.basename(d) for d in v] for k, v in why.items()}
     return Resp(200, orjson.dumps(body), [(b"content-type", b"application/json")])
 
 

@@ -195,6 +195,9 @@ class Checkpointer:
         # that no longer relies on them (then _remove_unpublished deletes them).
         self._drops_pending: list[tuple[TopicStore, SegMeta]] = []
         self._gone_pending: list[int] = []
+        # True from a failed periodic cycle to the next good one: errors of the
+        # same stretch (a full disk, say) are logged once, not every cycle.
+        self._failing = False
 
     # ------------------------------------------------------------ scheduling
 
@@ -264,8 +267,16 @@ class Checkpointer:
                 await asyncio.shield(self._running)
             except asyncio.CancelledError:
                 raise  # stop(): the shielded cycle finishes on its own and stop() awaits it
-            except Exception as exc:  # logged; the next trigger retries
-                log.error("checkpoint failed: %s", exc)
+            except Exception as exc:  # logged once per failing stretch; the next trigger retries
+                if not self._failing:
+                    log.error("checkpoint failed (retried every %.0f s): %s", self.cfg.check_s, exc)
+                else:
+                    log.debug("checkpoint failed again: %s", exc)
+                self._failing = True
+            else:
+                if self._failing:
+                    log.warning("checkpoint succeeded again")
+                self._failing = False
             self._running = None
 
     # ------------------------------------------------------------ one cycle
@@ -493,7 +504,7 @@ class Checkpointer:
             n = next_snapshot_number(fs, self.meta_dir)
             write_snapshot(fs, self.meta_dir, n, meta)
         except Exception as exc:  # OSError, or a body msgpack cannot encode (a bug)
-            log.error("snapshot write failed: %s", exc)
+            (log.debug if self._failing else log.error)("snapshot write failed: %s", exc)
             return results, exc
         report.snapshot = n
         # Files the previous snapshot relied on and this one does not: only now may
@@ -564,7 +575,9 @@ class Checkpointer:
                 # appends again, so idle topics hold none.
                 p.store.writer.release()
         except Exception as exc:  # OSError, FrameCorrupt...: the cycle writes no snapshot
-            log.error("checkpoint of topic %s failed: %s", p.topic.name, exc)
+            (log.debug if self._failing else log.error)(
+                "checkpoint of topic %s failed: %s", p.topic.name, exc
+            )
             r.error = exc
             self._reset_writer(p.store)
         return r, part

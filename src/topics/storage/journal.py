@@ -48,7 +48,7 @@ from topics.storage.frame import (
     encode_control,
 )
 from topics.storage.fs import Fs
-from topics.storage.wal import WalEntry, WalFull, WalMetrics, WalReadOnly, WalShard
+from topics.storage.wal import WalDiskFull, WalEntry, WalFull, WalMetrics, WalReadOnly, WalShard
 
 if TYPE_CHECKING:
     from topics.engine.core import Engine
@@ -122,6 +122,8 @@ class WalJournal:
             shard.submit(entry)
         except WalFull:
             raise TopicsError(429, "throttled", "the write-ahead log is busy; retry") from None
+        except WalDiskFull:
+            raise _disk_full() from None
         except WalReadOnly:
             raise TopicsError(500, "internal", "the write-ahead log is read-only") from None
 
@@ -208,6 +210,8 @@ class WalJournal:
             shard = self.shards[si]
             if shard.read_only:
                 raise TopicsError(500, "internal", "the write-ahead log is read-only")
+            if shard.disk_full:
+                raise _disk_full()
             if shard.queue_depth >= shard.queue_max:
                 raise TopicsError(429, "throttled", "the write-ahead log is busy; retry")
             self._coalesce.setdefault(si, []).append(data)
@@ -219,6 +223,8 @@ class WalJournal:
             return
 
         def done(e: WalEntry, ok: bool, fsync_ms: float) -> None:
+            if not ok and isinstance(e.error, WalDiskFull):
+                pw.error = _disk_full()
             loop.call_soon_threadsafe(self._write_done, pw, ok, fsync_ms, reserved_before)
 
         try:
@@ -450,6 +456,23 @@ class WalJournal:
         for s in self.shards:
             s.close()
 
+    def degraded(self) -> dict[str, Any] | None:
+        """What keeps writes from being accepted, or None when they are.
+
+        `{"disk_full": [shard dirs], "read_only": [shard dirs]}` with the empty
+        lists left out (README "When the disk fills up").
+        """
+        full = [s.dir for s in self.shards if s.disk_full]
+        ro = [s.dir for s in self.shards if s.read_only]
+        if not full and not ro:
+            return None
+        out: dict[str, Any] = {}
+        if full:
+            out["disk_full"] = full
+        if ro:
+            out["read_only"] = ro
+        return out
+
     def metrics(self) -> dict[str, Any]:
         """The `wal` object of the JSON metrics form (API §11.3)."""
         m = [s.metrics for s in self.shards]
@@ -463,6 +486,7 @@ class WalJournal:
             "queue_depth_peak": max((x.queue_depth_peak for x in m), default=0),
             "submit_full_total": sum(x.submit_full for x in m),
             "read_only": any(s.read_only for s in self.shards),
+            "disk_full": any(s.disk_full for s in self.shards),
             "fsync_count": sum(x.fsyncs for x in m),
             "fsync_micros_total": sum(x.fsync_micros_total for x in m),
         }
@@ -494,6 +518,12 @@ class WalJournal:
             j["queue_depth_peak"],
         )
         one("topics_wal_read_only", "gauge", "1 when the WAL is latched read-only.", j["read_only"])
+        one(
+            "topics_wal_disk_full",
+            "gauge",
+            "1 while the WAL's disk is full (writes get 507).",
+            j["disk_full"],
+        )
         name = "topics_wal_fsync_latency_us"
         out.append(f"# HELP {name} WAL fdatasync latency in microseconds.")
         out.append(f"# TYPE {name} histogram")
@@ -510,6 +540,16 @@ class WalJournal:
         out.append(f"{name}_sum {j['fsync_micros_total']}")
         out.append(f"{name}_count {j['fsync_count']}")
         return out
+
+
+def _disk_full() -> TopicsError:
+    """`507 insufficient_storage`: the WAL's disk is full; nothing was written."""
+    return TopicsError(
+        507,
+        "insufficient_storage",
+        "the disk holding the write-ahead log is full; nothing was written; retry later",
+        retry_after=5,
+    )
 
 
 def _count_frames(data: bytes) -> int:

@@ -69,6 +69,7 @@ __all__ = [
     "WalEntry",
     "WalFull",
     "WalReadOnly",
+    "WalDiskFull",
     "WalDamage",
     "Damage",
     "ShardScan",
@@ -96,6 +97,26 @@ class WalFull(Exception):
 
 class WalReadOnly(Exception):
     """The shard is latched read-only after a sync or rotation failure (500)."""
+
+
+class WalDiskFull(Exception):
+    """The shard's filesystem is full: new writes are refused until space returns.
+
+    The HTTP layer answers `507 insufficient_storage` with `Retry-After`
+    (README "When the disk fills up"). Nothing refused this way was acknowledged.
+    """
+
+
+# Errors that mean "no space", not "the device failed".
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+# How often a shard that hit a full disk tries again (seconds).
+DISK_FULL_RETRY_S = 1.0
+# The smallest file preallocation falls back to when the filesystem is small.
+MIN_FILE_BYTES = 1 << 20
+
+
+def _is_full(exc: BaseException | None) -> bool:
+    return isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS
 
 
 @dataclass(frozen=True, slots=True)
@@ -598,8 +619,10 @@ class WalShard:
         file_bytes: int = DEFAULT_FILE_BYTES,
         queue_max: int = DEFAULT_QUEUE_MAX,
         sync_interval_s: float = DEFAULT_SYNC_INTERVAL_S,
+        full_retry_s: float = DISK_FULL_RETRY_S,
     ) -> None:
         self.fs = fs
+        self.full_retry_s = full_retry_s
         self.dir = directory
         self.file_bytes = file_bytes
         self.queue_max = queue_max
@@ -621,6 +644,22 @@ class WalShard:
         # The offset just after the last SyncMark written to the active file: a new
         # mark is written only once bytes past it are durable.
         self._mark_end = 0
+        # Size of the active file (smaller than file_bytes when a small filesystem
+        # could not hold a whole preallocated file).
+        self._size = file_bytes
+        # Disk-full state: entries acknowledged before they could be written
+        # (disk/memory classes) wait here, in log order, and are retried every
+        # DISK_FULL_RETRY_S; new submissions are refused meanwhile.
+        self.disk_full = False
+        self.disk_full_since = 0.0
+        self._retained: list[WalEntry] = []
+        self._retry_at = 0.0
+        self._retrying = False
+        self._holds = 0
+        self._full_probe = ""
+        # Bytes after the tail up to here may hold part of a write the full disk
+        # refused; they are zeroed before the next write (0: nothing to clear).
+        self._stale_end = 0
         self._thread: threading.Thread | None = None
         self._stopped = False
 
@@ -682,8 +721,23 @@ class WalShard:
             # Zero the torn bytes so the next scan ends at the last valid frame
             # (the scan checked that everything after them is zeros already).
             self._zero(f, end, min(stop, size))
+        self._size = max(size, self.file_bytes)
         if size < self.file_bytes:
-            self._zero(f, size, self.file_bytes)
+            try:
+                self._zero(f, size, self.file_bytes)
+            except OSError as exc:
+                if not _is_full(exc):
+                    raise
+                # A small filesystem: keep the file as long as it was (no partial tail).
+                f.truncate(size)
+                self._size = size
+                log.warning(
+                    "wal %s: %s stays %d bytes (no room to extend it to %d)",
+                    self.dir,
+                    found.end_file,
+                    size,
+                    self.file_bytes,
+                )
         f.fdatasync()
         self._file = f
         self._file_name = found.end_file
@@ -716,12 +770,40 @@ class WalShard:
             off += n
 
     def _new_file(self, first_index: int) -> None:
-        """Create, zero-fill and fsync the next log file, then point CURRENT at it."""
+        """Create, zero-fill and fsync the next log file, then point CURRENT at it.
+
+        On a filesystem without room for `file_bytes`, the file is made as large
+        as fits, halving down to MIN_FILE_BYTES; a partial file is never left
+        behind. Raises OSError (ENOSPC when not even the smallest file fits).
+        """
         name = wal_file_name(first_index)
         path = posixpath.join(self.dir, name)
-        f = self.fs.open(path, create=True, write=True)
-        self._zero(f, 0, self.file_bytes)
-        f.fdatasync()
+        size = self.file_bytes
+        while True:
+            f = self.fs.open(path, create=True, write=True)
+            try:
+                f.truncate(0)
+                self._zero(f, 0, size)
+                f.fdatasync()
+                break
+            except OSError as exc:
+                f.close()
+                try:
+                    self.fs.unlink(path)
+                    self.fs.fsync_dir(self.dir)
+                except OSError as exc2:
+                    log.error("wal %s: cannot remove the partial %s: %s", self.dir, name, exc2)
+                if not _is_full(exc) or size <= MIN_FILE_BYTES:
+                    raise
+                size = max(size // 2, MIN_FILE_BYTES)
+        if size < self.file_bytes:
+            log.warning(
+                "wal %s: only %d bytes fit for %s (want %d); the disk is nearly full",
+                self.dir,
+                size,
+                name,
+                self.file_bytes,
+            )
         self.fs.fsync_dir(self.dir)
         old = self._file
         self._file = f
@@ -730,6 +812,7 @@ class WalShard:
         self._offset = 0
         self._synced_offset = 0
         self._mark_end = 0
+        self._size = size
         self._next_index = first_index
         self._write_current()
         if old is not None:
@@ -772,9 +855,13 @@ class WalShard:
         return self._depth
 
     def submit(self, entry: WalEntry) -> None:
-        """Queue an entry for the writer; raises WalFull or WalReadOnly (nothing queued)."""
+        """Queue an entry for the writer; raises WalFull, WalDiskFull or WalReadOnly
+        (nothing queued). An entry already acknowledged (`acked_early`) is queued
+        even while the disk is full: it waits in log order for space."""
         if self.read_only:
             raise WalReadOnly(self.dir)
+        if self.disk_full and not entry.acked_early:
+            raise WalDiskFull(self.dir)
         if self._stopped:
             raise WalReadOnly(f"{self.dir} is closed")
         with self._depth_lock:
@@ -792,11 +879,16 @@ class WalShard:
         q = self._q
         stopping = False
         while True:
+            timeout = self.sync_interval_s if self._dirty else None
+            if self.disk_full:
+                wait = max(self._retry_at - time.monotonic(), 0.0)
+                timeout = wait if timeout is None else min(timeout, wait)
             try:
-                timeout = self.sync_interval_s if self._dirty else None
                 first = q.get(timeout=timeout)
             except queue.Empty:
                 self._background_sync()
+                if self.disk_full and time.monotonic() >= self._retry_at:
+                    self._retry()
                 continue
             batch: list[WalEntry] = []
             size = 0
@@ -818,6 +910,15 @@ class WalShard:
                     self._depth -= len(batch)
                 self._commit(batch)
             if stopping:
+                if self._retained:
+                    self._retry()
+                if self._retained:
+                    log.error(
+                        "wal %s: stopping with %d acknowledged entries unwritten: the disk "
+                        "is still full",
+                        self.dir,
+                        len(self._retained),
+                    )
                 if self._dirty and not self.read_only:
                     self._background_sync()
                 return
@@ -847,7 +948,7 @@ class WalShard:
         f = self._file
         if f is None or self.read_only or self._synced_offset <= self._mark_end:
             return
-        if self._offset + _MARK_ROOM > self.file_bytes:
+        if self._offset + _MARK_ROOM > self._size:
             return
         data = encode_control(SYNC_MARK, 0, {"synced": self._synced_offset})
         start = self._offset
@@ -886,17 +987,78 @@ class WalShard:
             except Exception:  # pragma: no cover - a callback bug must not kill the writer
                 log.exception("wal completion callback failed")
 
+    # ------------------------------------------------------------ disk full
+
+    def _hold(self, entries: list[WalEntry], exc: BaseException | None, probe: str) -> None:
+        """The disk is full: keep acknowledged entries for later, refuse the others."""
+        self._holds += 1
+        if not self.disk_full:
+            self.disk_full = True
+            self.disk_full_since = time.monotonic()
+            log.error(
+                "wal %s: the disk is full (%s); new writes get 507 until space returns",
+                self.dir,
+                exc,
+            )
+        if probe:
+            self._full_probe = probe
+        self._retry_at = time.monotonic() + self.full_retry_s
+        self._retained.extend(e for e in entries if e.acked_early)
+        refused = [e for e in entries if not e.acked_early]
+        if refused:
+            self._fail(refused, WalDiskFull(self.dir))
+
+    def _retry(self) -> None:
+        """Try again what the full disk stopped: the retained entries, or the rotation."""
+        holds = self._holds
+        if self._stale_end > self._offset and self._file is not None:
+            try:
+                self._zero(self._file, self._offset, self._stale_end)
+                self._stale_end = 0
+            except OSError as exc:
+                if not _is_full(exc):
+                    self._latch(f"cannot clear a failed write: {exc}")
+                self._hold([], exc, "")
+                return
+        batch, self._retained = self._retained, []
+        self._retrying = True
+        try:
+            if batch:
+                self._commit(batch)
+            elif self._full_probe == "rotate" and self._file is not None and not self.read_only:
+                try:
+                    self._sync_active()
+                    self._rotate()
+                except OSError as exc:
+                    if _is_full(exc):
+                        self._hold([], exc, "rotate")
+                    else:
+                        self._latch(f"rotation failed: {exc}")
+        finally:
+            self._retrying = False
+        if self._holds == holds and not self._retained and self.disk_full:
+            self.disk_full = False
+            log.warning(
+                "wal %s: space is back after %.1f s; writes resume",
+                self.dir,
+                time.monotonic() - self.disk_full_since,
+            )
+
     def _commit(self, batch: list[WalEntry]) -> None:
         """Write a batch (rotating at entry boundaries), sync once if needed, complete it."""
         if self.read_only or self._file is None:
             self._fail(batch, WalReadOnly(self.dir))
+            return
+        if self._retained and not self._retrying:
+            # Earlier acknowledged entries wait for space: nothing may overtake them.
+            self._hold(batch, None, "")
             return
         written: list[WalEntry] = []
         synced = 0  # written[:synced] are durable (synced before a rotation)
         sync_error: OSError | None = None
         i = 0
         while i < len(batch):
-            room = self.capacity - self._offset
+            room = min(self.capacity, self._size - _MARK_ROOM) - self._offset
             j = i
             size = 0
             while j < len(batch) and size + len(batch[j].data) <= room:
@@ -913,6 +1075,10 @@ class WalShard:
                     synced = len(written)
                     self._rotate()
                 except OSError as exc:
+                    if _is_full(exc) and synced == len(written):
+                        # No room for the next file: nothing is lost, the writes wait.
+                        self._hold(batch[i:], exc, "rotate")
+                        break
                     self._latch(f"rotation failed: {exc}")
                     self._fail(batch[i:], exc)
                     if synced < len(written):
@@ -921,7 +1087,10 @@ class WalShard:
                 continue
             chunk = batch[i:j]
             if not self._write_chunk(chunk, size):
-                self._fail(batch[i:], chunk[0].error)
+                if _is_full(chunk[0].error):
+                    self._hold(batch[i:], chunk[0].error, "write")
+                else:
+                    self._fail(batch[i:], chunk[0].error)
                 break
             written.extend(chunk)
             i = j
@@ -974,10 +1143,15 @@ class WalShard:
                 e.error = exc
             # Zero whatever part landed, so no later (shorter) write can leave a
             # stale but valid frame of this failed batch behind the new tail.
+            stop = min(start + size, self._size)
             try:
-                self._zero(self._file, start, min(start + size, self.file_bytes))
+                self._zero(self._file, start, stop)
             except OSError as exc2:
-                self._latch(f"cannot clear a failed write: {exc2}")
+                if _is_full(exc) and _is_full(exc2):
+                    # A full disk: cleared before anything is written again (_retry).
+                    self._stale_end = max(self._stale_end, stop)
+                else:
+                    self._latch(f"cannot clear a failed write: {exc2}")
             return False
         self._offset = start + size
         index = self._next_index
