@@ -28,9 +28,34 @@ __all__ = [
 MAX_KEY_BYTES = 256
 
 
+MAX_JSON_DEPTH = 1024  # orjson's parse limit: deeper documents are refused (400)
+MAX_STORED_DEPTH = 254  # orjson serialises at most this many nested arrays/objects
+
+
+def _orjson_parses_big_ints() -> bool:
+    try:
+        return isinstance(orjson.loads(b"18446744073709551616"), float)
+    except orjson.JSONDecodeError:
+        return False
+
+
+# Recent orjson releases read integers wider than 64 bits as floats themselves;
+# older ones refuse them, and only then is the stdlib parser consulted.
+_NEEDS_FALLBACK = not _orjson_parses_big_ints()
+
+
 def _big_int(text: str) -> int | float:
-    v = int(text)
-    return v if -(2**63) <= v < 2**64 else float(v)
+    v = int(text)  # ValueError past the interpreter's digit limit
+    if -(2**63) <= v < 2**64:
+        return v
+    return float(v)  # OverflowError past the largest double
+
+
+def _finite_float(text: str) -> float:
+    v = float(text)
+    if v in (float("inf"), float("-inf")):
+        raise ValueError(f"number {text[:32]} overflows a double")
+    return v
 
 
 def _reject_constant(name: str) -> Any:
@@ -38,22 +63,51 @@ def _reject_constant(name: str) -> Any:
 
 
 def loads(body: bytes | str) -> Any:
-    """Parse JSON; integers beyond 64 bits become floats (API §1.5, informative).
+    """Parse one request JSON document strictly (API §1.5; docs/HTTP_INPUT.md "JSON").
 
-    Raises ValueError (orjson.JSONDecodeError or json.JSONDecodeError) when the
-    text is not JSON.
+    Integers beyond 64 bits become floats. Refused with ValueError (the message
+    says why and where), so the caller answers ``400 invalid_request``:
+
+    * text that is not JSON, or has a UTF-8 byte order mark;
+    * nesting deeper than :data:`MAX_JSON_DEPTH` (1024) arrays/objects;
+    * a lone UTF-16 surrogate escape such as ``"\\ud800"`` in any string or key,
+      or surrogate code points encoded in the UTF-8 bytes;
+    * a number that overflows a double (``1e400``, ``-1e400``), and ``NaN`` /
+      ``Infinity``.
+
+    What this returns can always be serialised again, except that values nested
+    deeper than :data:`MAX_STORED_DEPTH` are refused by :func:`json_bytes`.
     """
     try:
         return orjson.loads(body)
-    except orjson.JSONDecodeError:
-        # orjson refuses integers wider than 64 bits; the stdlib parser does not.
-        # Only fall back when the stdlib accepts it as strict JSON.
-        return json.loads(body, parse_int=_big_int, parse_constant=_reject_constant)
+    except orjson.JSONDecodeError as exc:
+        if not _NEEDS_FALLBACK:
+            raise
+        err = exc
+    # An older orjson refusing a wide integer: the stdlib parser, held to the same rules.
+    try:
+        value = json.loads(
+            body,
+            parse_int=_big_int,
+            parse_float=_finite_float,
+            parse_constant=_reject_constant,
+        )
+        orjson.dumps(value)  # surrogates cannot be encoded; depth is bounded
+    except (ValueError, OverflowError, RecursionError, TypeError):
+        raise err from None
+    return value
 
 
 def json_bytes(value: Any) -> bytes:
-    """Compact UTF-8 JSON (SEMANTICS §1.3 byte accounting form)."""
-    return orjson.dumps(value)
+    """Compact UTF-8 JSON (SEMANTICS §1.3 byte accounting form).
+
+    Raises ValueError when `value` cannot be serialised (nested deeper than
+    :data:`MAX_STORED_DEPTH`, or a string with a lone surrogate).
+    """
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError as exc:
+        raise ValueError(f"value cannot be stored as JSON: {exc}") from None
 
 
 class NewRecord(NamedTuple):
@@ -110,13 +164,29 @@ class Payload(NamedTuple):
         return cls(node, tag, head + data + b',"meta":' + meta + b"}", d0, d1, m0, m0 + len(meta))
 
 
+def _utf8_len(v: str, what: str) -> int:
+    """UTF-8 length of `v`; a lone surrogate (not encodable) is a 400."""
+    try:
+        return len(v.encode())
+    except UnicodeEncodeError:
+        raise bad_request(f"{what} is not valid Unicode (lone surrogate)") from None
+
+
+def _dumps(value: Any, what: str) -> bytes:
+    """orjson.dumps, with the values it refuses (too deep, lone surrogates) as 400s."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError as exc:
+        raise bad_request(f"{what} cannot be stored: {exc}") from None
+
+
 def _opt_str(rec: dict[str, Any], key: str, max_bytes: int, what: str) -> str | None:
     v = rec.get(key)
     if v is None:
         return None
     if not isinstance(v, str):
         raise bad_request(f"{what} must be a string")
-    if len(v.encode()) > max_bytes:
+    if _utf8_len(v, what) > max_bytes:
         raise bad_request(f"{what} exceeds {max_bytes} bytes")
     return v or None
 
@@ -136,7 +206,9 @@ def prepare_records(
 
     Raises TopicsError: `400 invalid_request` (missing/empty `records`, missing
     `data`, bad tag/node/meta), `400 batch_too_large` (> `max_batch` records),
-    `400 record_too_large` (`data` + `meta` > `max_record_bytes`).
+    `400 record_too_large` (`data` + `meta` > `max_record_bytes`); a `data` or
+    `meta` nested deeper than :data:`MAX_STORED_DEPTH` levels is `400
+    invalid_request` too (docs/HTTP_INPUT.md "JSON").
     """
     if not isinstance(records, list) or not records:
         raise bad_request("records must be a non-empty array")
@@ -149,7 +221,7 @@ def prepare_records(
     if batch_node is not None:
         if not isinstance(batch_node, str):
             raise bad_request("node must be a string")
-        if len(batch_node.encode()) > max_node_bytes:
+        if _utf8_len(batch_node, "node") > max_node_bytes:
             raise bad_request(f"node exceeds {max_node_bytes} bytes")
         batch_node = batch_node or None
     out: list[NewRecord] = []
@@ -162,11 +234,13 @@ def prepare_records(
             data = dumps(rec["data"])
         except KeyError:
             raise bad_request(f"records[{i}].data is required") from None
+        except orjson.JSONEncodeError:
+            data = _dumps(rec["data"], f"records[{i}].data")  # raises the 400
         size = len(data)
         meta: bytes | None = None
         meta_v = rec.get("meta")
         if meta_v is not None:
-            meta = dumps(meta_v)
+            meta = _dumps(meta_v, f"records[{i}].meta")
             if len(meta) > max_meta_bytes:
                 raise bad_request(f"records[{i}].meta exceeds {max_meta_bytes} bytes")
             if type(meta_v) is dict and len(meta_v) > max_meta_keys:
