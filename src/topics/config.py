@@ -147,6 +147,12 @@ class ServerConfig:
     # is the `host:port` returned in Metadata/FindCoordinator (default: the bound one).
     kafka_port: int = 9092
     kafka_advertised: str | None = None
+    # HTTP connection guards (README "Configuration"): a request head must arrive
+    # within `http_header_timeout_ms`; open connections are capped per process and
+    # per client address (`0` turns a guard off).
+    http_header_timeout_ms: int = 10_000
+    max_connections: int = 16_384
+    max_connections_per_ip: int = 4_096
 
     @property
     def auth_enabled(self) -> bool:
@@ -270,4 +276,7 @@ def load_config(env: Mapping[str, str] | None = None) -> ServerConfig:
         log_level=(env.get("TOPICS_LOG") or env.get("RUST_LOG") or "info").strip().lower(),
         kafka_port=kafka_port,
         kafka_advertised=env.get("TOPICS_KAFKA_ADVERTISED", "").strip() or None,
+        http_header_timeout_ms=_int(env, "TOPICS_HTTP_HEADER_TIMEOUT_MS", 10_000),
+        max_connections=_int(env, "TOPICS_MAX_CONNECTIONS", 16_384),
+        max_connections_per_ip=_int(env, "TOPICS_MAX_CONNECTIONS_PER_IP", 4_096),
     )

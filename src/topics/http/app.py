@@ -31,7 +31,7 @@ from topics.clock import Clock, SystemClock
 from topics.config import SCOPE_ADMIN, SCOPE_DELETE, SCOPE_READ, SCOPE_WRITE, ServerConfig
 from topics.engine.core import Engine
 from topics.engine.frames import FrameCorrupt
-from topics.engine.records import loads
+from topics.engine.records import INCREMENTAL_MIN_BYTES, iter_write_body, loads
 from topics.errors import TopicsError, bad_request
 from topics.http.auth import Authenticator, Principal, bearer, token_from_query
 from topics.http.responses import Resp, error_resp
@@ -49,6 +49,7 @@ BODY_NONE = 0  # no body expected (GET/DELETE)
 BODY_JSON = 1  # JSON object required (empty => 415/400)
 BODY_JSON_EMPTY_OK = 2  # empty body => {} without content-type check
 BODY_CLAIM = 3  # empty body => 400 "claim requires a node"
+BODY_WRITE = 4  # like BODY_JSON; a large one is parsed a piece at a time
 
 INFLIGHT_NONE = 0
 INFLIGHT_HOLD = 1
@@ -67,7 +68,6 @@ class Ctx:
     params: dict[str, str]
     t0: float
     body: Any = None
-    raw_body: bytes = b""
     _query: dict[str, list[str]] | None = field(default=None)
 
     @property
@@ -166,7 +166,7 @@ class TopicsApp:
                 "PUT": Route(topics.put_topic, (A,), BODY_JSON_EMPTY_OK),
                 "GET": Route(topics.get_topic, (R,)),
                 "DELETE": Route(topics.delete_topic, (D,)),
-                "POST": Route(topics.write, (W,), BODY_JSON),
+                "POST": Route(topics.write, (W,), BODY_WRITE),
             },
             "diff": {"POST": Route(topics.diff, (R,), BODY_JSON_EMPTY_OK)},
             "delete": {"POST": Route(topics.delete_records, (D,), BODY_JSON)},
@@ -454,31 +454,28 @@ class TopicsApp:
         return p
 
     async def _read_body(self, ctx: Ctx, mode: int) -> None:
+        """Read and parse the request body (API §1.4 steps 5-6; docs/HTTP_INPUT.md).
+
+        The body is gathered into one buffer (sized from Content-Length when
+        given) without keeping the received chunks; a large write body is parsed
+        a piece at a time so the event loop keeps serving other requests.
+        Raises 413 past `max_body_bytes`, 415 for a non-JSON content type, 400 for
+        a body that is not acceptable JSON.
+        """
         limit = self.config.limits.max_body_bytes
         clen = ctx.header(b"content-length")
-        if clen is not None and limit:
+        expected = 0
+        if clen is not None:
             try:
-                if int(clen) > limit:
-                    raise TopicsError(413, "payload_too_large", f"body exceeds {limit} bytes")
+                expected = int(clen)
             except ValueError:
                 raise bad_request("invalid content-length") from None
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            msg = await ctx.receive()
-            if msg["type"] == "http.disconnect":
-                raise TopicsError(400, "invalid_request", "client disconnected")
-            chunk = msg.get("body", b"")
-            if chunk:
-                size += len(chunk)
-                if limit and size > limit:
-                    raise TopicsError(413, "payload_too_large", f"body exceeds {limit} bytes")
-                chunks.append(chunk)
-            if not msg.get("more_body", False):
-                break
-        raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        ctx.raw_body = raw
-        if not raw.strip():
+            if expected < 0:
+                raise bad_request("invalid content-length")
+            if limit and expected > limit:
+                raise TopicsError(413, "payload_too_large", f"body exceeds {limit} bytes")
+        raw = await _receive_body(ctx.receive, limit, expected)
+        if not raw or raw.isspace():
             if mode == BODY_JSON_EMPTY_OK:
                 ctx.body = {}
                 return
@@ -489,10 +486,35 @@ class TopicsApp:
             raise TopicsError(
                 415, "unsupported_media_type", "Content-Type must be application/json"
             )
+        if mode == BODY_WRITE and len(raw) >= INCREMENTAL_MIN_BYTES:
+            body = await self._parse_write_body(raw)
+            if body is not None:
+                ctx.body = body
+                return
         try:
             ctx.body = loads(raw)
         except ValueError as exc:
             raise bad_request(f"malformed JSON body: {exc}") from None
+
+    async def _parse_write_body(self, raw: bytes | bytearray) -> dict[str, Any] | None:
+        """Run :func:`iter_write_body`, letting the loop run between pieces."""
+        lim = self.engine.limits
+        steps = iter_write_body(
+            raw,
+            max_batch=lim.max_batch_records,
+            max_record_bytes=lim.max_record_bytes,
+            max_meta_bytes=lim.max_meta_bytes,
+            max_meta_keys=lim.max_meta_keys,
+            max_tag_bytes=lim.max_tag_bytes,
+            max_node_bytes=lim.max_node_bytes,
+        )
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                body: dict[str, Any] | None = done.value
+                return body
+            await asyncio.sleep(0)
 
     # ------------------------------------------------------------ SSE slots
 
@@ -526,6 +548,45 @@ class TopicsApp:
 
 
 _ANON = Principal(None, frozenset(), ())
+
+
+async def _receive_body(receive: Receive, limit: int, expected: int) -> bytes | bytearray:
+    """The whole request body, refused with 413 as soon as it passes `limit` bytes.
+
+    A body that arrives in one message is returned as it came; a longer one is
+    copied once into a single buffer (preallocated to `expected` bytes, the
+    Content-Length), so no list of chunks and no joined copy coexist.
+    """
+    msg = await receive()
+    if msg["type"] == "http.disconnect":
+        raise TopicsError(400, "invalid_request", "client disconnected")
+    chunk: bytes = msg.get("body", b"")
+    if limit and len(chunk) > limit:
+        raise TopicsError(413, "payload_too_large", f"body exceeds {limit} bytes")
+    if not msg.get("more_body", False):
+        return chunk
+    buf = bytearray(expected) if expected else bytearray()
+    size = 0
+    while True:
+        n = len(chunk)
+        if n:
+            if limit and size + n > limit:
+                raise TopicsError(413, "payload_too_large", f"body exceeds {limit} bytes")
+            if size + n <= len(buf):
+                buf[size : size + n] = chunk
+            else:
+                del buf[size:]
+                buf += chunk
+            size += n
+        if not msg.get("more_body", False):
+            break
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise TopicsError(400, "invalid_request", "client disconnected")
+        chunk = msg.get("body", b"")
+    if size < len(buf):
+        del buf[size:]
+    return buf
 
 
 def _has_loop() -> bool:
