@@ -9,6 +9,7 @@ declines (returns None) and the caller does exactly that.
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import orjson
@@ -24,6 +25,9 @@ from topics.engine.records import (
     prepare_records,
 )
 from topics.errors import TopicsError
+
+# Raise for a deeper local run, e.g. `TOPICS_FUZZ_SCALE=20 pytest tests/unit/test_json_input.py`.
+SCALE = float(os.environ.get("TOPICS_FUZZ_SCALE", "1"))
 
 # Small caps so that the limits are hit by generated bodies too.
 CAPS: dict[str, int] = {
@@ -255,7 +259,7 @@ def write_bodies(draw: st.DrawFn) -> bytes:
     return raw
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=max(1, int(200 * SCALE)), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(raw=write_bodies(), chunk=st.sampled_from([1, 7, 40, 300, 1 << 20]))
 def test_piecewise_parse_equals_whole_parse(raw: bytes, chunk: int) -> None:
     check(raw, chunk)
