@@ -340,7 +340,7 @@ def _prepare_each(
 # -- large write bodies, a piece at a time --------------------------------------------
 
 INCREMENTAL_MIN_BYTES = 1 << 20  # smaller write bodies are parsed in one go
-CHUNK_BYTES = 512 * 1024  # about this much of the records array is parsed per step
+CHUNK_BYTES = 256 * 1024  # about this much of the records array is parsed per step
 _MAX_HEAD_BYTES = 64 * 1024  # `"records": [` must start within this prefix
 _MAX_TRIES = 8  # wrong guesses tolerated per boundary before parsing in one go
 
