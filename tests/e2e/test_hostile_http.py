@@ -24,6 +24,7 @@ import h2.events
 import httpx
 import pytest
 from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
 
 from tests.support.process import ServerProcess
 
@@ -270,6 +271,29 @@ def test_long_url_is_414_and_large_headers_431_over_http1(server: ServerProcess)
         wait_close=False,
     )
     assert status == 200, body
+
+
+def test_pipelined_requests_after_a_large_body_are_not_taken_for_a_large_head(
+    server: ServerProcess,
+) -> None:
+    records = json.dumps({"records": [{"data": "p" * 50_000}]}).encode()
+    post = (
+        b"POST /v0/topics/pipe HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n" % len(records)
+    ) + records
+    c = Raw(server.port)
+    try:
+        # One write holding the body and the start of the next head, then the rest.
+        nxt = get("/v0/topics/pipe")
+        c.send(post + nxt[:20])
+        time.sleep(0.2)
+        c.send(nxt[20:] + get())
+        assert c.response()[0] == 201
+        status, _, body = c.response()
+        assert status == 200 and json.loads(body)["head_seq"] == 1
+        assert c.response()[0] == 200
+    finally:
+        c.close()
 
 
 def test_long_url_is_414_and_large_headers_431_over_h2c(server: ServerProcess) -> None:
@@ -544,6 +568,12 @@ def test_websocket_connections_hold_and_release_slots(capped: ServerProcess) -> 
                 await ws.send('{"op":"ping","request_id":1}')
                 assert json.loads(await ws.recv())["op"] == "pong"
             await asyncio.to_thread(_refused, capped.port, "127.0.0.1", "max_connections_per_ip", 6)
+            # an upgrade over the cap is refused like any request
+            with pytest.raises(InvalidStatus) as refused:
+                await connect(url, compression=None)
+            assert refused.value.response.status_code == 503
+            doc = json.loads(refused.value.response.body)
+            assert doc["error"]["code"] == "too_many_connections"
         finally:
             for ws in sockets:
                 await ws.close()

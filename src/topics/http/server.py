@@ -343,7 +343,9 @@ class Http1Protocol(HttpToolsProtocol):
         self.refusal: TopicsError | None = None
         self.head_timer: asyncio.TimerHandle | None = None
         self.in_head = False  # between the first byte of a request and its last header
-        self.head_bytes = 0
+        self.in_body = False  # between a request's last header and the end of its body
+        self.head_bytes = 0  # bytes received for the current head (from the next read on)
+        self.begun_in_feed = False
         self.header_bytes = 0
         self.header_count = 0
         # The first bytes of the current request, while we know where it starts.
@@ -378,7 +380,7 @@ class Http1Protocol(HttpToolsProtocol):
             self._start_head_timer(timeout)
         if self.at_boundary and len(self.prefix) < self.PREFIX_BYTES:
             self.prefix += data[: self.PREFIX_BYTES - len(self.prefix)]
-        self.completed_in_feed = self.begun_after_complete = False
+        self.completed_in_feed = self.begun_after_complete = self.begun_in_feed = False
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -391,8 +393,10 @@ class Http1Protocol(HttpToolsProtocol):
             self._refuse_request(exc)
             return
         if self.in_head:
-            # httptools keeps a header line to itself until it ends: bound it here.
-            self.head_bytes += len(data)
+            # httptools keeps a header line to itself until it ends: bound it here
+            # (to the limits plus one read, since where a head starts within a read
+            # is not known).
+            self.head_bytes = 0 if self.begun_in_feed else self.head_bytes + len(data)
             g = self.guards
             if self.head_bytes > g.max_url_bytes + g.max_header_bytes + 4096:
                 if len(self.url) > g.max_url_bytes or not self.header_count:
@@ -408,6 +412,7 @@ class Http1Protocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self.in_head = True
+        self.begun_in_feed = True
         self.head_bytes = self.header_bytes = self.header_count = 0
         if self.completed_in_feed:
             self.begun_after_complete = True
@@ -432,20 +437,35 @@ class Http1Protocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self.in_head = False
+        self.in_body = True
         self._cancel_head_timer()
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
+        self.in_body = False
         self.completed_in_feed = True
         self.at_boundary = False
+        if (
+            self.cycle is not None
+            and self.cycle.response_complete
+            and self.timeout_keep_alive_task is None
+            and not self.transport.is_closing()
+        ):
+            # Answered before the body was all in (uvicorn armed the keep-alive timer
+            # then, and each later read disarmed it): idle from now on.
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
 
     def _should_upgrade(self) -> bool:
         return self.refusal is None and super()._should_upgrade()
 
     # -- guards -------------------------------------------------------------------
     def _awaiting_head(self) -> bool:
-        return self.in_head or self.cycle is None or self.cycle.response_complete
+        if self.in_head:
+            return True
+        return not self.in_body and (self.cycle is None or self.cycle.response_complete)
 
     def _start_head_timer(self, delay: float) -> None:
         self._cancel_head_timer()
