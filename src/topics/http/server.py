@@ -307,7 +307,7 @@ class AutoProtocol(_Connection):
         proto.data_received(buf)
 
     def _forget(self) -> None:
-        self.server_state.connections.discard(self)  # type: ignore[arg-type]
+        self.server_state.connections.discard(self)
         self._set_timer(None, None)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -360,7 +360,7 @@ class Http1Protocol(HttpToolsProtocol):
         self.app = _refusal_app(err)
 
     # -- asyncio.Protocol ---------------------------------------------------------
-    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+    def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
         timeout = self.guards.header_timeout
         if self.deadline is not None:
@@ -700,7 +700,7 @@ class H2Protocol(_Connection):
         self.flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.server_state.connections.discard(self)  # type: ignore[arg-type]
+        self.server_state.connections.discard(self)
         self._set_timer(None, None)
         self.writable.set()
         for s in list(self.streams.values()):
@@ -999,15 +999,14 @@ class WSProtocol(WebSocketsSansIOProtocol):
         self.dropping = self.notify_after = False
         if self.close_sent or self.transport.is_closing():
             return
-        self.queue.put_nowait(
-            {
-                "type": "websocket.receive",
-                "text": None,
-                "bytes": None,
-                "topics.oversized": size,
-                "topics.limit": self.limit,
-            }
-        )
+        notice: Any = {
+            "type": "websocket.receive",
+            "text": None,
+            "bytes": None,
+            "topics.oversized": size,
+            "topics.limit": self.limit,
+        }
+        self.queue.put_nowait(notice)
         if not self.read_paused:
             self.read_paused = True
             self.transport.pause_reading()
