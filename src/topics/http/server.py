@@ -283,8 +283,9 @@ class AutoProtocol(_Connection):
         if self.refusal is not None:
             timeout = min(timeout or REFUSED_LINGER_S, REFUSED_LINGER_S)
             logger.debug("refusing a connection: %s", self.refusal.message)
-        elif timeout is None:
-            timeout = self.config.timeout_keep_alive
+        if timeout is None:  # no head timeout: only an idle sniffer is closed
+            self._set_timer(self.config.timeout_keep_alive, transport.close)
+            return
         self.deadline = self.loop.time() + timeout
         self._set_timer(timeout, transport.close)
 
