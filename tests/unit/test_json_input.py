@@ -259,7 +259,11 @@ def write_bodies(draw: st.DrawFn) -> bytes:
     return raw
 
 
-@settings(max_examples=max(1, int(100 * SCALE)), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=max(1, int(100 * SCALE)),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(raw=write_bodies(), chunk=st.sampled_from([1, 7, 40, 300, 1 << 20]))
 def test_piecewise_parse_equals_whole_parse(raw: bytes, chunk: int) -> None:
     check(raw, chunk)
