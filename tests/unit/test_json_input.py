@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from topics.engine import records as records_mod
 from topics.engine.records import (
     PreparedRecords,
     iter_write_body,
@@ -67,6 +68,42 @@ def test_loads_refuses(text: bytes) -> None:
         loads(text)
     with pytest.raises(ValueError):
         loads(text.decode("utf-8", "surrogatepass"))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        b'"\\ud800"',
+        b'"\xed\xa0\x80"',
+        b"1e400",
+        b"[-1e400]",
+        b"1" + b"0" * 400,
+        b"[NaN]",
+        b"[" * 1100 + b"]" * 1100,
+        b"{",
+    ],
+)
+def test_stdlib_fallback_is_as_strict(monkeypatch: pytest.MonkeyPatch, text: bytes) -> None:
+    """With an orjson that refuses wide integers the stdlib parser steps in: same rules."""
+    monkeypatch.setattr(records_mod, "_NEEDS_FALLBACK", True)
+    with pytest.raises(ValueError):
+        records_mod.loads(text)
+
+
+def test_stdlib_fallback_reads_wide_integers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(records_mod, "_NEEDS_FALLBACK", True)
+    real = orjson.loads
+
+    def old_orjson(text: Any) -> Any:
+        if b"18446744073709551616" in bytes(text):
+            raise orjson.JSONDecodeError("number out of range", "", 0)
+        return real(text)
+
+    monkeypatch.setattr(records_mod.orjson, "loads", old_orjson)
+    assert records_mod.loads(b"[1, 18446744073709551616]") == [1, 2.0**64]
+    for bad in (b'"\\udc00"', b"1e400", b"[" * 300 + b"0" + b"]" * 300):
+        with pytest.raises(ValueError):
+            records_mod.loads(b"[18446744073709551616, " + bad + b"]")
 
 
 def test_loads_accepts_the_edges() -> None:
