@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from topics.engine import records as records_mod
 from topics.engine.records import (
     PreparedRecords,
+    iter_density_check,
     iter_write_body,
     json_bytes,
     loads,
@@ -299,10 +300,17 @@ def write_bodies(draw: st.DrawFn) -> bytes:
 @settings(
     max_examples=max(1, int(100 * SCALE)),
     deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
-@given(raw=write_bodies(), chunk=st.sampled_from([1, 7, 40, 300, 1 << 20]))
-def test_piecewise_parse_equals_whole_parse(raw: bytes, chunk: int) -> None:
+@given(
+    raw=write_bodies(),
+    chunk=st.sampled_from([1, 7, 40, 300, 1 << 20]),
+    window=st.sampled_from([1, 16, 200, 1 << 20]),
+)
+def test_piecewise_parse_equals_whole_parse(
+    monkeypatch: pytest.MonkeyPatch, raw: bytes, chunk: int, window: int
+) -> None:
+    monkeypatch.setattr(records_mod, "_SCAN_WINDOW", window)
     check(raw, chunk)
 
 
@@ -352,3 +360,40 @@ def test_piecewise_refuses_hostile_values_in_any_piece() -> None:
     deep = b"[" * 300 + b"]" * 300
     raw = b'{"records":[' + good + b'{"data":' + deep + b"}]}"
     assert check(raw, 64) == "error"
+
+
+def test_piecewise_parse_takes_records_with_any_first_field() -> None:
+    recs = [{"id": i, "data": {"items": [{"a": 1}, {"b": 2}]}, "tag": "t"} for i in range(40)]
+    raw = orjson.dumps({"records": recs})
+    for chunk in (1, 50, 500):
+        assert check(raw, chunk) == "ok"
+
+
+def drain(steps: Any) -> Any:
+    try:
+        while True:
+            next(steps)
+    except StopIteration as done:
+        return done.value
+
+
+@pytest.mark.parametrize(
+    "item",
+    [b"{}", b"[]", b'{"a":{}}', b"1.5", b'"ab"', b"[1,2]"],
+)
+def test_dense_bodies_are_refused_before_parsing(item: bytes) -> None:
+    """A value every few bytes would become a Python object many times its text."""
+    raw = b'{"x":[' + b",".join([item] * (2 * 1024 * 1024 // len(item))) + b"]}"
+    for body in (raw, bytearray(raw), raw.decode()):
+        with pytest.raises(TopicsError) as e:
+            drain(iter_density_check(body))
+        assert (e.value.status, e.value.code) == (413, "payload_too_large")
+
+
+def test_ordinary_large_bodies_pass_the_density_check() -> None:
+    text = "x" * 200
+    recs = [{"data": {"i": i, "s": text, "v": [1.5, 2.5]}, "tag": "t"} for i in range(8000)]
+    raw = orjson.dumps({"node": "n", "records": recs})
+    assert len(raw) > 1 << 20
+    assert drain(iter_density_check(raw)) is None
+    assert drain(iter_density_check(b"[" + b"1," * 1000 + b"1]")) is None  # small: not counted

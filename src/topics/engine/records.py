@@ -23,6 +23,7 @@ __all__ = [
     "prepare_records",
     "PreparedRecords",
     "iter_write_body",
+    "iter_density_check",
     "loads",
     "json_bytes",
     "MAX_KEY_BYTES",
@@ -343,6 +344,8 @@ INCREMENTAL_MIN_BYTES = 1 << 20  # smaller write bodies are parsed in one go
 CHUNK_BYTES = 256 * 1024  # about this much of the records array is parsed per step
 _MAX_HEAD_BYTES = 64 * 1024  # `"records": [` must start within this prefix
 _MAX_TRIES = 8  # wrong guesses tolerated per boundary before parsing in one go
+_SCAN_WINDOW = 1 << 20  # bytes searched for a boundary at a time
+_SCAN_OVERLAP = 256  # windows overlap so a boundary across their edge is still seen
 
 _WS = rb"[ \t\n\r]*"
 _RECORDS_KEY = re.compile(rb'"records"' + _WS + rb":" + _WS + rb"\[" + _WS)
@@ -352,6 +355,9 @@ _RECORDS_KEY = re.compile(rb'"records"' + _WS + rb":" + _WS + rb"\[" + _WS)
 _BOUNDARY = re.compile(
     rb"\}" + _WS + rb"," + _WS + rb"(?=\{" + _WS + rb'"(?:data|meta|tag|node)"' + _WS + rb":)"
 )
+# Tried when no record starts with a record field: the start of any object (nested
+# arrays of objects make more wrong guesses, each caught the same way).
+_ANY_BOUNDARY = re.compile(rb"\}" + _WS + rb"," + _WS + rb"(?=\{)")
 
 
 def _parse_list(raw: bytes | bytearray, start: int, end: int) -> list[Any] | None:
@@ -430,8 +436,8 @@ def iter_write_body(
     "Large bodies").
 
     Returns None when the body is not laid out so (no top-level `"records": [`
-    near the start, records that do not start with a record field, a duplicate
-    `records` key) or is not valid JSON: the caller then parses it in one go with
+    near the start, more than 64 KiB after the array, a duplicate `records`
+    key) or is not valid JSON: the caller then parses it in one go with
     :func:`loads`, which also gives the authoritative error. Raises TopicsError
     (`400 batch_too_large`, `400 invalid_request`, `400 record_too_large`)
     exactly as :func:`prepare_records` would for the whole body.
@@ -460,18 +466,26 @@ def iter_write_body(
     while True:
         piece: list[Any] | None = None
         end = stop
-        if pos + chunk_bytes < stop:
-            m = _BOUNDARY.search(raw, pos + chunk_bytes, stop)
-            tries = 0
-            while m is not None:
-                piece = _parse_list(raw, pos, m.start() + 1)
+        lo = pos + chunk_bytes
+        tries = 0
+        while piece is None and lo < stop:
+            # Look for the next record boundary a window at a time, so a body whose
+            # records never match is not scanned to its end at every step.
+            hi = min(stop, lo + _SCAN_WINDOW)
+            for pattern in (_BOUNDARY, _ANY_BOUNDARY):
+                m = pattern.search(raw, lo, hi)
+                while m is not None:
+                    piece = _parse_list(raw, pos, m.start() + 1)
+                    if piece is not None:
+                        end = m.end()
+                        break
+                    tries += 1
+                    if tries >= _MAX_TRIES:
+                        return None
+                    m = pattern.search(raw, m.end(), hi)
                 if piece is not None:
-                    end = m.end()
                     break
-                tries += 1
-                if tries >= _MAX_TRIES:
-                    return None
-                m = _BOUNDARY.search(raw, m.end(), stop)
+            lo = max(lo + 1, hi - _SCAN_OVERLAP) if hi < stop else stop
         if piece is None:  # the rest of the array
             piece = _parse_list(raw, pos, stop)
             if piece is None:
@@ -501,6 +515,48 @@ def iter_write_body(
             out[i] = out[i]._replace(node=batch_node)
     body["records"] = out
     return body
+
+
+# -- bodies parsed in one go: bounded object growth -----------------------------------
+
+DENSITY_CHECK_MIN_BYTES = 1 << 20  # smaller bodies are parsed without counting
+MAX_PARSE_GROWTH = 8  # estimated Python objects may be at most this many times the text
+_CONTAINER_COST = 128  # bytes a parsed object or array costs, about (dicts are 64-232)
+_ITEM_COST = 64  # bytes a comma-separated value or member costs, about (with list growth)
+_COUNT_STEP = 4 << 20  # bytes counted per step
+
+
+def iter_density_check(raw: bytes | bytearray | str) -> Generator[None, None, None]:
+    """Refuse a large body whose parse would multiply its size in memory (413).
+
+    A generator that yields every 4 MiB counted, so the caller can let other
+    work run. Parsing `{},{},...` turns every 3 bytes into a 64-byte dict; for a
+    body of 1 MiB or more the objects a whole parse would create are estimated
+    from its `{`, `[` and `,` counts (each counted as if it were structure, even
+    inside strings) and the body is refused when the estimate passes
+    :data:`MAX_PARSE_GROWTH` (8) times its size. Raises TopicsError `413
+    payload_too_large` (docs/HTTP_INPUT.md "Large bodies").
+    """
+    n = len(raw)
+    if n < DENSITY_CHECK_MIN_BYTES:
+        return
+    count: Any = raw.count  # str.count or bytes.count, with tokens of the same type
+    brace, bracket, comma = ("{", "[", ",") if isinstance(raw, str) else (b"{", b"[", b",")
+    containers = items = 0
+    for start in range(0, n, _COUNT_STEP):
+        end = start + _COUNT_STEP
+        containers += count(brace, start, end) + count(bracket, start, end)
+        items += count(comma, start, end)
+        if end < n:
+            yield
+    estimate = containers * _CONTAINER_COST + items * _ITEM_COST
+    if estimate > MAX_PARSE_GROWTH * n:
+        raise TopicsError(
+            413,
+            "payload_too_large",
+            f"body too dense to parse: {containers} objects/arrays and {items} values "
+            f"in {n} bytes would take about {estimate >> 20} MiB",
+        )
 
 
 def batch_bytes(records: Sequence[NewRecord]) -> int:

@@ -22,24 +22,30 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
 from topics.clock import Clock, SystemClock
 from topics.config import SCOPE_ADMIN, SCOPE_DELETE, SCOPE_READ, SCOPE_WRITE, ServerConfig
 from topics.engine.core import Engine
 from topics.engine.frames import FrameCorrupt
-from topics.engine.records import INCREMENTAL_MIN_BYTES, iter_write_body, loads
+from topics.engine.records import (
+    INCREMENTAL_MIN_BYTES,
+    iter_density_check,
+    iter_write_body,
+    loads,
+)
 from topics.errors import TopicsError, bad_request
 from topics.http.auth import Authenticator, Principal, bearer, token_from_query
 from topics.http.responses import Resp, error_resp
 
-__all__ = ["TopicsApp", "Ctx", "build_app"]
+__all__ = ["TopicsApp", "Ctx", "build_app", "drive"]
 
 log = logging.getLogger("topics.http")
 
+T = TypeVar("T")
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -490,6 +496,7 @@ class TopicsApp:
             if body is not None:
                 ctx.body = body
                 return
+        await drive(iter_density_check(raw))
         try:
             ctx.body = loads(raw)
         except ValueError as exc:
@@ -507,13 +514,8 @@ class TopicsApp:
             max_tag_bytes=lim.max_tag_bytes,
             max_node_bytes=lim.max_node_bytes,
         )
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                body: dict[str, Any] | None = done.value
-                return body
-            await asyncio.sleep(0)
+        body: dict[str, Any] | None = await drive(steps)
+        return body
 
     # ------------------------------------------------------------ SSE slots
 
@@ -547,6 +549,17 @@ class TopicsApp:
 
 
 _ANON = Principal(None, frozenset(), ())
+
+
+async def drive(steps: Generator[None, None, T]) -> T:
+    """Run a stepping generator to its return value, letting the loop run between steps."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            result: T = done.value
+            return result
+        await asyncio.sleep(0)
 
 
 async def _receive_body(receive: Receive, limit: int) -> bytes | bytearray:

@@ -24,7 +24,7 @@ from topics.config import SCOPE_ADMIN, SCOPE_READ, SCOPE_WRITE
 from topics.engine.core import DEFAULT_BUDGET as WS_DEFAULT_BUDGET
 from topics.engine.core import Replay
 from topics.engine.params import boolean, opt_u64
-from topics.engine.records import loads
+from topics.engine.records import iter_density_check, loads
 from topics.engine.topic import Topic
 from topics.engine.watch import (
     WS_DEFAULT_LIMIT,
@@ -35,7 +35,7 @@ from topics.engine.watch import (
     render_ws,
 )
 from topics.errors import TopicsError
-from topics.http.app import Ctx
+from topics.http.app import Ctx, drive
 from topics.http.responses import perf
 from topics.http.topics import wait_published
 from topics.http.watch import Waker
@@ -197,6 +197,12 @@ class Connection:
             await self.command(text)
 
     async def command(self, text: str) -> None:
+        try:
+            # A large message whose parse would multiply its size is refused unread.
+            await drive(iter_density_check(text))
+        except TopicsError as err:
+            await self.outbox.put(_error(None, err.code, err.message))
+            return
         try:
             cmd = loads(text)
         except ValueError as exc:
