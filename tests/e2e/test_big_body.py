@@ -1,4 +1,7 @@
-"""A 60 MiB write body against the real `topics serve`: peak memory and event-loop stalls.
+"""Large bodies against the real `topics serve`: peak memory and event-loop stalls.
+
+A 60 MiB write (parsed and validated; stored), and ~60 MiB bodies built to blow
+up when parsed.
 
 The server process's peak RSS (``VmHWM``, reset through ``/proc/PID/clear_refs``
 just before the request) is read from /proc, and a second connection pings
@@ -186,3 +189,34 @@ def test_big_append_end_to_end(server: ServerProcess, durability: str, max_growt
     assert [r["$seq"] for r in got["records"]] == [9991, 9992, 9993, 9994, 9995]
     assert [r["$tag"] for r in got["records"]] == ["t:9990", "t:9991", "t:9992", "t:9993", "t:9994"]
     assert got["records"][0]["data"]["i"] == 9990
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "code"),
+    [
+        # 20 M empty objects: a whole parse would build ~2 GB of dicts.
+        (
+            "/v0/watch",
+            b'{"topics":{"t":{}},"x":[' + b",".join([b"{}"] * (20 << 20)) + b"]}",
+            413,
+            "payload_too_large",
+        ),
+        # 3 M tiny records: parsed piecewise, counted, refused as too many.
+        (
+            "/v0/topics/t",
+            b'{"records":[' + b",".join([b'{"k":1,"data":0}'] * (3 << 20)) + b"]}",
+            400,
+            "batch_too_large",
+        ),
+    ],
+    ids=["dense-watch", "tiny-records"],
+)
+def test_hostile_big_bodies_cost_little(
+    server: ServerProcess, path: str, body: bytes, status: int, code: str
+) -> None:
+    """~60 MiB bodies built to blow up when parsed: refused within bounded memory and stalls."""
+    got, resp, growth, worst_ms = measured(server, path, body)
+    assert got == status and orjson.loads(resp)["error"]["code"] == code, resp[:200]
+    print(f"{path}: peak RSS growth {growth:.2f}x the body, slowest ping {worst_ms:.1f} ms")
+    assert growth < 2.0, f"peak RSS grew {growth:.2f}x the body size"
+    assert worst_ms < 150, f"the event loop stalled for {worst_ms:.0f} ms"
