@@ -464,9 +464,10 @@ class TopicsApp:
 
         The body is gathered into one buffer without keeping the received
         chunks; a large write body is parsed a piece at a time so the event loop
-        keeps serving other requests.
-        Raises 413 past `max_body_bytes`, 415 for a non-JSON content type, 400 for
-        a body that is not acceptable JSON.
+        keeps serving other requests, and any other large body is checked for
+        density before it is parsed in one go. Raises TopicsError: 413 past
+        `max_body_bytes` or too dense to parse, 415 for a non-JSON content type,
+        400 for a body that is not acceptable JSON.
         """
         limit = self.config.limits.max_body_bytes
         clen = ctx.header(b"content-length")
