@@ -171,6 +171,12 @@ class ServerConfig:
     kafka_max_frame_bytes: int = 67_108_864
     kafka_idle_timeout_ms: int = 600_000
     kafka_frame_timeout_ms: int = 30_000
+    # HTTP connection guards (README "Configuration"): a request head must arrive
+    # within `http_header_timeout_ms`; open connections are capped per process and
+    # per client address (`0` turns a guard off).
+    http_header_timeout_ms: int = 10_000
+    max_connections: int = 16_384
+    max_connections_per_ip: int = 4_096
 
     @property
     def auth_enabled(self) -> bool:
@@ -343,4 +349,7 @@ def load_config(env: Mapping[str, str] | None = None) -> ServerConfig:
         kafka_max_frame_bytes=_int(env, "TOPICS_KAFKA_MAX_FRAME_BYTES", 67_108_864, minimum=1),
         kafka_idle_timeout_ms=_int(env, "TOPICS_KAFKA_IDLE_TIMEOUT_MS", 600_000),
         kafka_frame_timeout_ms=_int(env, "TOPICS_KAFKA_FRAME_TIMEOUT_MS", 30_000),
+        http_header_timeout_ms=_int(env, "TOPICS_HTTP_HEADER_TIMEOUT_MS", 10_000),
+        max_connections=_int(env, "TOPICS_MAX_CONNECTIONS", 16_384),
+        max_connections_per_ip=_int(env, "TOPICS_MAX_CONNECTIONS_PER_IP", 4_096),
     )

@@ -1,7 +1,8 @@
 """Hostile-input fuzzing of every HTTP body endpoint (API §1.4-1.7, §12).
 
-For arbitrary JSON values, raw bytes, wrong content types, oversize bodies and
-bad path names the server must never answer 5xx; every non-2xx answer carries
+For arbitrary JSON values, hostile JSON text (nesting past the parser's limit,
+lone surrogates, numbers overflowing a double) in any field, raw bytes, wrong
+content types, oversize bodies and bad path names the server must never answer 5xx; every non-2xx answer carries
 exactly the canonical error envelope with a registered code and its status; and
 a rejected request changes nothing observable (topic list, every topic's state,
 router list, watch sessions).
@@ -458,6 +459,156 @@ def test_raw_bytes_and_content_types(
     r = send_checked(fz, method, path, content=raw, headers=headers)
     if r.status_code == 415:
         assert ct is None or not ct.lstrip().startswith("application/json")
+
+
+# ------------------------------------------------------------ hostile JSON values
+
+# JSON text no conforming parse may accept (docs/HTTP_INPUT.md "JSON"): nesting
+# past 1024 levels, lone UTF-16 surrogates (escaped, or encoded into the UTF-8
+# bytes), numbers that overflow a double, the non-JSON constants.
+REFUSED = {
+    "deep_array": b"[" * 1100 + b"]" * 1100,
+    "deep_object": b'{"a":' * 1100 + b"1" + b"}" * 1100,
+    "deep_mixed": b'[{"k":' * 520 + b"0" + b"}]" * 520,
+    "high_surrogate": b'"\\ud800"',
+    "low_surrogate": b'"x\\udc00y"',
+    "reversed_pair": b'"\\ude00\\ud83d"',
+    "utf8_surrogate": b'"\xed\xa0\x80"',
+    "inf": b"1e400",
+    "neg_inf": b"-1e400",
+    "inf_in_array": b"[1, 2.5, 1e309]",
+    "long_exponent": b"1" + b"0" * 400,
+    "nan": b"NaN",
+    "infinity": b"-Infinity",
+}
+# Valid JSON that must still never be stored or echoed in a way that breaks later:
+# nesting that parses but is past what can be serialised again, a huge but finite
+# number, a long string, every wrong type.
+ODD = {
+    "deep_storable_limit": b"[" * 300 + b"]" * 300,
+    "deep_object_300": b'{"a":' * 300 + b"1" + b"}" * 300,
+    "max_double": b"1.7976931348623157e308",
+    "tiny": b"1e-400",
+    "surrogate_pair": b'"\\ud83d\\ude00"',
+    "wide_int": b"123456789012345678901234567890",
+    "neg_zero": b"-0.0",
+    "nul_char": b'"a\\u0000b"',
+    "object": b'{"x":[1,{"y":null}]}',
+    "empty_string": b'""',
+    "bool": b"true",
+}
+MARK = "\u0001HOSTILE\u0001"
+MARK_JSON = json.dumps(MARK).encode()
+
+
+def _splice(body: Any, hostile: bytes) -> bytes:
+    """`body` as JSON with the marker string replaced by the hostile JSON text."""
+    text = json.dumps(body).encode()
+    assert MARK_JSON in text, body
+    return text.replace(MARK_JSON, hostile)
+
+
+@st.composite
+def hostile_requests(draw: st.DrawFn, table: dict[str, bytes]) -> tuple[str, str, str, bytes]:
+    """A valid body of a random endpoint with one hostile value put somewhere in it.
+
+    The value replaces a field (any depth), is added under a new key, is wrapped
+    in an array or object, or a key itself is made hostile (lone surrogate).
+    """
+    name = draw(st.sampled_from(sorted(ENDPOINTS)))
+    method, tmpl, targets, template = ENDPOINTS[name]
+    path = tmpl.format(draw(st.sampled_from(targets)))
+    kind = draw(st.sampled_from(sorted(table)))
+    hostile = table[kind]
+    where = draw(st.integers(0, 5))
+    mark: Any = MARK
+    if where == 4:
+        mark = draw(st.sampled_from([[1, MARK], {"k": MARK}, [[MARK]]]))
+    if where == 5:  # the whole body
+        return name, method, path, hostile
+    if where == 3 or not _paths(template):
+        body = {**template, draw(st.sampled_from(sorted(EXTRA_KEYS))): mark}
+    else:
+        body = _mutate(template, draw(st.sampled_from(_paths(template))), mark, False)
+    raw = _splice(body, hostile)
+    if draw(st.integers(0, 4)) == 0:  # a hostile key as well
+        raw = raw.replace(b'{"', b'{"\\ud800', 1)
+    return name, method, path, raw
+
+
+def render_everything(h: Harness) -> None:
+    """Every stored record and every listing still renders (no 500 later)."""
+    snap = snapshot(h)
+    for t in snap["topics"]:
+        r = h.post(f"/v0/topics/{t['topic']}/diff", {"from_seq": 0, "limit": 1000})
+        assert r.status_code == 200, r.text
+        assert isinstance(r.json()["records"], list)
+
+
+HOSTILE = settings(
+    max_examples=_n(60),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+
+@HOSTILE
+@given(req=hostile_requests(REFUSED))
+def test_hostile_json_is_refused_everywhere(fz: Harness, req: tuple[str, str, str, bytes]) -> None:
+    """Any refused value in any field of any body endpoint: 400, canonical body, no change."""
+    name, method, path, raw = req
+    r = send_checked(fz, method, path, content=raw, headers=JSON_CT)
+    assert_error(r, 400, "invalid_request")
+    assert r.json()["error"]["message"].startswith("malformed JSON body"), r.text
+
+
+@HOSTILE
+@given(req=hostile_requests(ODD))
+def test_odd_but_valid_json_never_breaks_anything(
+    fz: Harness, req: tuple[str, str, str, bytes]
+) -> None:
+    """Valid JSON of awkward shapes in any field: never 5xx, and everything renders after."""
+    name, method, path, raw = req
+    send_checked(fz, method, path, content=_no_long_poll_raw(name, raw), headers=JSON_CT)
+    render_everything(fz)
+
+
+def _no_long_poll_raw(name: str, raw: bytes) -> bytes:
+    if name != "diff":
+        return raw
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return raw
+    fixed = _no_long_poll(name, body)
+    return raw if fixed is body else json.dumps(fixed).encode()
+
+
+def test_hostile_values_in_stored_fields_are_refused_before_storing(fresh: Harness) -> None:
+    """The fields that are stored and rendered later, one by one."""
+    deep = b"[" * 300 + b"]" * 300
+    cases = [
+        ("POST", "/v0/topics/fz.log", b'{"records":[{"data":%s}]}'),
+        ("POST", "/v0/topics/fz.log", b'{"records":[{"data":1,"meta":{"m":%s}}]}'),
+        ("POST", "/v0/topics/fz.log", b'{"records":[{"data":1,"tag":%s}]}'),
+        ("POST", "/v0/topics/fz.log", b'{"records":[{"data":1,"node":%s}]}'),
+        ("POST", "/v0/topics/fz.log", b'{"records":[{"data":1}],"node":%s}'),
+        ("POST", "/v0/topics/fz.new", b'{"records":[{"data":1}],"config":{"dead_letter":%s}}'),
+        ("PUT", "/v0/topics/fz.new", b'{"type":"queue","dead_letter":%s}'),
+        ("PUT", "/v0/routers/fz.r9", b'{"source":"fz.log","dest":%s}'),
+        ("PUT", "/v0/routers/fz.r9", b'{"source":"fz.log","dest":"fz.d","filter":["tag","Eq",%s]}'),
+        ("POST", "/v0/watch", b'{"topics":{"fz.log":{}},"node":%s}'),
+        ("POST", "/v0/topics/fz.q/claim", b'{"node":%s}'),
+        ("POST", "/v0/topics/fz.q/ack", b'{"node":"w","seqs":[1],"lease_ids":[%s]}'),
+    ]
+    for method, path, tmpl in cases:
+        for kind in ("deep_array", "high_surrogate", "utf8_surrogate", "inf", "neg_inf"):
+            value = REFUSED[kind]
+            r = send_checked(fresh, method, path, content=tmpl % value, headers=JSON_CT)
+            assert_error(r, 400, "invalid_request")
+        r = send_checked(fresh, method, path, content=tmpl % deep, headers=JSON_CT)
+        assert 400 <= r.status_code < 500, (path, tmpl, r.text)
+    render_everything(fresh)
 
 
 def test_wrong_content_type_is_415_for_every_body_endpoint(fresh: Harness) -> None:

@@ -9,7 +9,7 @@ import orjson
 
 from topics.errors import TopicsError
 
-__all__ = ["Resp", "json_resp", "error_resp", "perf"]
+__all__ = ["Resp", "json_resp", "error_resp", "error_body", "perf", "safe_text"]
 
 JSON_CT = (b"content-type", b"application/json")
 
@@ -41,9 +41,47 @@ def json_resp(
     return Resp(status, orjson.dumps(body), [JSON_CT])
 
 
+def safe_text(text: str) -> str:
+    """`text` with any lone surrogate written as a `\\udXXX` escape, so it encodes as UTF-8."""
+    try:
+        text.encode()
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode()
+
+
+def _safe_detail(detail: dict[str, Any]) -> dict[str, Any]:
+    """Keep the detail values that serialise; replace the others by a short description."""
+    out: dict[str, Any] = {}
+    for k, v in detail.items():
+        try:
+            orjson.dumps(v)
+            out[safe_text(str(k))] = v
+        except (orjson.JSONEncodeError, UnicodeEncodeError):
+            out[safe_text(str(k))] = f"<unprintable {type(v).__name__}>"
+    return out
+
+
+def error_body(err: TopicsError) -> bytes:
+    """The canonical error envelope (API §1.7) as JSON bytes; never raises.
+
+    A message or `detail` value that echoes hostile input (a lone surrogate, a
+    value nested too deeply to serialise) is rendered safely instead of failing
+    the response (docs/HTTP_INPUT.md "Errors").
+    """
+    try:
+        return orjson.dumps(err.body())
+    except orjson.JSONEncodeError:
+        pass
+    e: dict[str, Any] = {"code": err.code, "message": safe_text(err.message)}
+    if err.detail is not None:
+        e["detail"] = _safe_detail(err.detail)
+    return orjson.dumps({"error": e})
+
+
 def error_resp(err: TopicsError) -> Resp:
     """The canonical error envelope (API §1.7), with Retry-After on 429/503."""
     headers = [JSON_CT]
     if err.retry_after is not None:
         headers.append((b"retry-after", str(err.retry_after).encode()))
-    return Resp(err.status, orjson.dumps(err.body()), headers)
+    return Resp(err.status, error_body(err), headers)

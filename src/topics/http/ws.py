@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from topics.config import SCOPE_ADMIN, SCOPE_READ, SCOPE_WRITE
 from topics.engine.core import DEFAULT_BUDGET as WS_DEFAULT_BUDGET
 from topics.engine.core import Replay
 from topics.engine.params import boolean, opt_u64
-from topics.engine.records import loads
+from topics.engine.records import iter_density_check, loads
 from topics.engine.topic import Topic
 from topics.engine.watch import (
     WS_DEFAULT_LIMIT,
@@ -34,13 +35,15 @@ from topics.engine.watch import (
     render_ws,
 )
 from topics.errors import TopicsError
-from topics.http.app import Ctx
+from topics.http.app import Ctx, drive
 from topics.http.auth import check_config_names
 from topics.http.responses import perf
 from topics.http.topics import wait_published
 from topics.http.watch import Waker
 
 __all__ = ["websocket", "Outbox", "OUTBOX_SLOTS"]
+
+log = logging.getLogger("topics.http")
 
 OUTBOX_SLOTS = 4
 SHUTDOWN_FLUSH_S = 5.0
@@ -123,7 +126,30 @@ def _msg(op: str, request_id: Any, **fields: Any) -> bytes:
 
 
 def _error(request_id: Any, code: str, message: str) -> bytes:
-    return _msg("error", request_id, code=code, message=message)
+    """An `error` message; never fails to render (hostile text is escaped, see ws.py docs)."""
+    try:
+        return _msg("error", request_id, code=code, message=message)
+    except (orjson.JSONEncodeError, UnicodeEncodeError):
+        text = message.encode("utf-8", "backslashreplace").decode()
+        return _msg("error", None, code=code, message=text)
+
+
+def _echoable(request_id: Any) -> bool:
+    """Whether `request_id` can be echoed back (orjson writes at most 254 nesting levels)."""
+    try:
+        orjson.dumps(request_id)
+    except orjson.JSONEncodeError:
+        return False
+    return True
+
+
+def _describe(value: Any) -> str:
+    """A short, always printable description of a client value for error messages."""
+    if isinstance(value, str):
+        return repr(value[:64])
+    if value is None or isinstance(value, bool | int | float):
+        return repr(value)
+    return f"a JSON {'object' if isinstance(value, dict) else 'array'}"
 
 
 class Connection:
@@ -151,6 +177,18 @@ class Connection:
                 return
             if typ != "websocket.receive":
                 continue
+            size = msg.get("topics.oversized")
+            if size is not None:
+                # Dropped unread by the protocol (topics.http.server.WSProtocol).
+                limit = msg.get("topics.limit")
+                await self.outbox.put(
+                    _error(
+                        None,
+                        "payload_too_large",
+                        f"message exceeds {limit} bytes (got at least {size}); it was not read",
+                    )
+                )
+                continue
             text = msg.get("text")
             if text is None:
                 await self.outbox.put(
@@ -161,12 +199,24 @@ class Connection:
 
     async def command(self, text: str) -> None:
         try:
+            # A large message whose parse would multiply its size is refused unread.
+            await drive(iter_density_check(text))
+        except TopicsError as err:
+            await self.outbox.put(_error(None, err.code, err.message))
+            return
+        try:
             cmd = loads(text)
         except ValueError as exc:
             await self.outbox.put(_error(None, "invalid_json", f"malformed JSON: {exc}"))
             return
         rid = cmd.get("request_id") if isinstance(cmd, dict) else None
+        if not _echoable(rid):
+            await self.outbox.put(
+                _error(None, "invalid_json", "request_id is nested too deeply to be echoed")
+            )
+            return
         reply: bytes | None
+        op: Any = None
         try:
             if not isinstance(cmd, dict):
                 raise WsError("invalid_json", "a command must be a JSON object")
@@ -180,11 +230,16 @@ class Connection:
             elif op == "ping":
                 reply = _msg("pong", rid)
             else:
-                raise WsError("invalid_json", f"unknown op {op!r}")
+                raise WsError("invalid_json", f"unknown op {_describe(op)}")
         except WsError as err:
             reply = _error(rid, err.code, err.message)
         except TopicsError as err:
             reply = _error(rid, err.code, err.message)
+        except (RecursionError, ValueError, TypeError) as exc:
+            # A command value the handlers could not cope with (e.g. one nested too
+            # deeply to print in a message): the command fails, the socket stays.
+            log.warning("ws command %s failed on its input: %r", _describe(op), exc)
+            reply = _error(rid, "invalid_json", f"the command could not be processed: {exc}")
         if reply is not None:
             await self.outbox.put(reply)
 
