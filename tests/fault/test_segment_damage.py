@@ -22,6 +22,7 @@ from tests.support.durable import DATA_DIR, Durable, make_records
 from tests.support.fakedisk import FakeDisk
 from topics.clock import TestClock
 from topics.engine.core import DiffParams
+from topics.storage.check import check
 from topics.storage.repair import apply_repair, plan_repair
 from topics.storage.segment import scan_segments, topic_dir
 from topics.storage.topicstore import SegmentDamage
@@ -93,6 +94,10 @@ def test_damaged_published_segment_refuses_then_repair_tombstones(case: str) -> 
         disk.recover()
         CASES[case](d, 1 + SEG)(disk)
         image = disk.snapshot_durable()
+        report = check(disk, DATA_DIR)
+        assert not report.ok and "segment_damage" in [p.kind for p in report.problems], [
+            (p.kind, p.detail) for p in report.problems
+        ]
         with pytest.raises(SegmentDamage) as ei:
             h.reopen()
         assert "segment damage" in str(ei.value)
@@ -100,6 +105,8 @@ def test_damaged_published_segment_refuses_then_repair_tombstones(case: str) -> 
         plan = plan_repair(disk, DATA_DIR)
         assert plan.ok and plan.segments, plan.lines()
         apply_repair(disk, plan, clock=TestClock())
+        report = check(disk, DATA_DIR)
+        assert "segment_damage" not in [p.kind for p in report.problems]
         h.reopen()
         t = h.eng().require("s")
         lo, hi = plan.segments[0].ranges[0]

@@ -553,3 +553,25 @@ def test_source_trim_holes_reach_the_dest_as_tombstone(h: Harness) -> None:
     assert (d["tombstone"]["gap_from"], d["tombstone"]["gap_to"]) == (1, 3)
     assert d["head_seq"] == 5 and d["earliest_seq"] == 4
     assert h.get("/v0/routers/r").json()["forwarded_total"] == 5
+
+
+def test_a_refused_router_put_leaves_no_auto_created_topic() -> None:
+    """Each refusal comes before any topic is created: the topic cap with two new
+    topics, the cap with one, and a bad filter; nothing is left behind."""
+    hc = Harness({"TOPICS_MAX_TOPICS": "1"})
+    try:
+        assert_error(hc.put("/v0/routers/r", {"source": "x", "dest": "y"}), 429, "throttled")
+        assert hc.get("/v0/topics/x").status_code == 404
+        assert hc.get("/v0/topics/y").status_code == 404
+        assert hc.put("/v0/topics/a").status_code in (200, 201)
+        assert_error(hc.put("/v0/routers/r", {"source": "a", "dest": "y2"}), 429, "throttled")
+        assert hc.get("/v0/topics/y2").status_code == 404
+    finally:
+        hc.close()
+    h2 = Harness({})
+    try:
+        bad = {"source": "x", "dest": "y", "filter": {"bogus": 1}}
+        assert_error(h2.put("/v0/routers/r", bad), 400, "invalid_request")
+        assert h2.get("/v0/topics").json()["topics"] == []
+    finally:
+        h2.close()

@@ -69,9 +69,11 @@ from topics.storage.frame import (
     decode_segment_frame,
 )
 from topics.storage.fs import Fs
-from topics.storage.segment import IDX_ENTRY_SIZE, SegmentPaths, scan_segments
+from topics.storage.recovery import lost_ranges
+from topics.storage.segment import IDX_ENTRY_SIZE, SegmentPaths, scan_segments, topic_dir
 from topics.storage.snapshot import SnapshotInvalid, decode_snapshot, list_snapshots
-from topics.storage.wal import scan_shard
+from topics.storage.topicstore import SegmentDamage, check_published, published_upto
+from topics.storage.wal import ShardScan, scan_shard
 
 __all__ = [
     "INFO",
@@ -105,6 +107,8 @@ SEVERITY: dict[str, str] = {
     # segments
     "segment_torn_tail": INFO,  # damaged suffix of a topic's newest segment
     "segment_stray": WARNING,  # `.data` without `.idx` or the reverse
+    "segment_damage": CORRUPT,  # a segment the newest snapshot relies on is missing a part,
+    # short, or its `.idx` disagrees with its `.data`: the server refuses to start
     "segment_overlap": CORRUPT,  # seq ranges of two segments overlap
     "idx_size": CORRUPT,  # sealed `.idx` not a multiple of 20 bytes
     "idx_entry": CORRUPT,  # entry offset/len not contiguous or outside `.data`
@@ -333,6 +337,7 @@ class _ShardChecker:
         self.report = report
         self.tick = tick
         self.last_seq: dict[int, int] = {}
+        self.scans: list[ShardScan] = []
 
     def frame_content(self, path: str, fr: Frame) -> None:
         r = self.report
@@ -381,6 +386,7 @@ class _ShardChecker:
         r.wal_files += len(good)
         try:
             sc = scan_shard(self.fs, d)
+            self.scans.append(sc)
         except OSError as e:
             r.add("unreadable", d, str(e))
             for _ in files:
@@ -724,4 +730,55 @@ def check(
     for tid, d, sealed, _n in topics:
         _check_topic(fs, report, tid, d, sealed, tick)
     _check_snapshots(fs, report, meta, snaps, tick)
+    _check_published(fs, report, data_dir, snaps, wal.scans)
     return report
+
+
+def _newest_valid(fs: Fs, snaps: list[tuple[int, str]]) -> dict[str, Any] | None:
+    for _n, path in reversed(snaps):
+        try:
+            body = decode_snapshot(read_file(fs, path))
+        except OSError:
+            continue
+        if not isinstance(body, SnapshotInvalid):
+            return body
+    return None
+
+
+def _check_published(
+    fs: Fs,
+    report: CheckReport,
+    data_dir: str,
+    snaps: list[tuple[int, str]],
+    scans: list[ShardScan],
+) -> None:
+    """Segments the newest snapshot relies on, checked as recovery checks them."""
+    body = _newest_valid(fs, snaps)
+    if body is None:
+        return
+    lost = lost_ranges(body, scans)
+    for m in body.get("topics") or []:
+        tid = int(m["id"])
+        d = topic_dir(data_dir, tid)
+        try:
+            segs = scan_segments(fs, d)
+            check_published(
+                fs,
+                d,
+                tid,
+                published_upto(m),
+                [first for first, _p in segs.segments],
+                segs.strays,
+                lost.get(tid, []),
+            )
+        except SegmentDamage as exc:
+            for problem, (a, b) in zip(exc.problems, exc.ranges, strict=True):
+                report.add(
+                    "segment_damage",
+                    d,
+                    f"{problem}; seqs {a}..{b} at risk; the server refuses to start until "
+                    "`topics repair` (or rebuilds it when the WAL still holds them)",
+                    seq=a,
+                )
+        except OSError as e:
+            report.add("unreadable", d, str(e))

@@ -504,6 +504,42 @@ def replay(
                 pieces.setdefault(tid, []).append(_Piece(si, f, rows))
                 dirs_of.setdefault(tid, set()).add(si)
 
+    # After `topics repair`, a topic whose TopicCreate was in the damaged bytes still
+    # has readable records: keep them under a name that says so (docs/FORMATS.md,
+    # "Repair") rather than drop them for want of a name.
+    repaired = any(
+        bool(np.any((f.cols["type"] == LOST) & (f.cols["topic_id"] == 0)))
+        for sc in scans
+        for f in sc.files
+    )
+    if repaired:
+        for tid, plist in pieces.items():
+            if tid in ctx.by_id or any(
+                bool(np.any(pc.file.cols["type"][pc.rows] == TOPIC_CREATE)) for pc in plist
+            ):
+                continue
+            name = f"recovered.{tid:016x}"
+            if name in engine.topics:
+                continue
+            t = Topic(
+                name,
+                tid,
+                parse_topic_config({}, name),
+                engine.clock.now_ms(),
+                engine.totals,
+                engine.nodes,
+            )
+            t.on_floor_advance = engine._floor_advanced
+            engine.topics[name] = t
+            engine.on_topic_created(t)
+            ctx.by_id[tid] = t
+            ctx.attach(t)
+            log.error(
+                "topic %016x lost its TopicCreate to damage; its records are served as %r",
+                tid,
+                name,
+            )
+
     total = max(report.frames, 1)
     done = 0
     since_yield = 0

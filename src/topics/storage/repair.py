@@ -38,10 +38,19 @@ import numpy as np
 from topics.clock import Clock, SystemClock
 from topics.storage.frame import (
     APPEND,
+    CONFIG_UPDATE,
+    DELETE,
     FRAME_TYPES,
     HEADER,
+    LEASE,
     LOST,
     MIN_FRAME_SIZE,
+    ROUTER_CREATE,
+    ROUTER_DELETE,
+    SYNC_MARK,
+    TOPIC_CREATE,
+    TOPIC_DELETE,
+    TYPE_NAMES,
     encode_control,
     encode_frame,
 )
@@ -63,6 +72,18 @@ __all__ = ["RepairPlan", "ShardRepair", "plan_repair", "apply_repair"]
 
 _U32 = struct.Struct("<I")
 
+# What losing a control frame means, said in the plan and the manifest.
+_CONTROL_LOSS = {
+    TOPIC_CREATE: "a topic created after the last checkpoint with no readable record "
+    "is gone; one with records comes back as `recovered.<topic id>`",
+    TOPIC_DELETE: "the topic may come back",
+    DELETE: "records it deleted may come back",
+    CONFIG_UPDATE: "the topic's config may be the one before it",
+    ROUTER_CREATE: "the router may be missing or older",
+    ROUTER_DELETE: "the router may come back",
+    LEASE: "a queue lease may be in an older state",
+}
+
 
 @dataclass
 class ShardRepair:
@@ -80,6 +101,12 @@ class ShardRepair:
     new_files: dict[str, int] = field(default_factory=dict)
     lost: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    # `(type, topic id)` of the control frames whose headers still read inside the
+    # damaged bytes: what the repair cannot bring back (reported, never guessed).
+    controls: list[tuple[int, int]] = field(default_factory=list)
+    # The scan the plan was made from, and the replay start it used.
+    scan: ShardScan | None = None
+    start: WalPosition | None = None
 
 
 @dataclass
@@ -129,6 +156,12 @@ class RepairPlan:
             for tid, lost in sorted(sr.lost.items()):
                 for a, b in lost:
                     out.append(f"lost    topic {tid:016x} seqs {a}..{b} (reads get a tombstone)")
+            for typ, tid in sr.controls:
+                out.append(
+                    f"gone    a {TYPE_NAMES.get(typ, str(typ))} frame"
+                    + (f" of topic {tid:016x}" if tid else "")
+                    + f": {_CONTROL_LOSS.get(typ, 'its effect is lost')}"
+                )
             for p in sr.problems:
                 out.append(f"cannot  {rel}: {p}")
         return out
@@ -162,23 +195,32 @@ def _topic_ids(fs: Fs, data_dir: str) -> list[int]:
     return sorted(out)
 
 
-def _parse_headers(buf: bytes, start: int, end: int) -> tuple[list[tuple[int, int]], int]:
+def _parse_headers(
+    buf: bytes, start: int, end: int, controls: list[tuple[int, int]] | None = None
+) -> tuple[list[tuple[int, int]], int]:
     """Walk frame headers inside damaged bytes without trusting checksums.
 
     Returns the `(topic id, seq)` of the Append headers whose lengths are
-    consistent, and how many bytes could not be walked that way.
+    consistent, and how many bytes could not be walked that way; the
+    `(type, topic id)` of other frames found are added to `controls`.
     """
     found: list[tuple[int, int]] = []
     off = start
     while off + HEADER.size <= end:
-        fl = _U32.unpack_from(buf, off)[0]
-        if fl < MIN_FRAME_SIZE - 4 or off + 4 + fl > end:
+        fl, typ, _flags, tid, seq, _ts, nl, tl, dl = HEADER.unpack_from(buf, off)
+        if typ not in FRAME_TYPES:
             break
-        _, typ, _flags, tid, seq, _ts, nl, tl, dl = HEADER.unpack_from(buf, off)
-        if typ not in FRAME_TYPES or HEADER.size - 4 + nl + tl + dl + 8 != fl:
+        body = HEADER.size - 4 + nl + tl + dl + 8
+        if body == end - off - 4:
+            fl = body  # the length prefix is the damaged part: the other fields agree
+        elif fl + 4 == end - off and fl >= MIN_FRAME_SIZE - 4:
+            pass  # a length field is the damaged part, and the frame ends the range
+        elif fl < MIN_FRAME_SIZE - 4 or off + 4 + fl > end or body != fl:
             break
         if typ == APPEND:
             found.append((tid, seq))
+        elif controls is not None and typ not in (SYNC_MARK, LOST):
+            controls.append((typ, tid))
         off += 4 + fl
     return found, max(end - off, 0)
 
@@ -199,6 +241,7 @@ def _merge(rngs: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 def _plan_shard(fs: Fs, sc: ShardScan, heads: dict[int, int]) -> ShardRepair:
+    heads_ids = set(heads)
     sr = ShardRepair(sc.dir, list(sc.damage))
     bufs = {f.name: f.buf for f in sc.files}
     # Every topic the readable part of the log names (a TopicCreate counts too).
@@ -223,7 +266,7 @@ def _plan_shard(fs: Fs, sc: ShardScan, heads: dict[int, int]) -> ShardRepair:
         unparsed = 0
         buf = bufs.get(d.file)
         if d.end > d.start and buf is not None:
-            parsed, unparsed = _parse_headers(buf, d.start, min(d.end, len(buf)))
+            parsed, unparsed = _parse_headers(buf, d.start, min(d.end, len(buf)), sr.controls)
         elif d.index >= 0 or d.end == d.start:
             unparsed = max(d.frames, 1) * MIN_FRAME_SIZE
         known = set(d.before) | set(d.after) | set(heads) | seen
@@ -235,7 +278,10 @@ def _plan_shard(fs: Fs, sc: ShardScan, heads: dict[int, int]) -> ShardRepair:
                 _add(sr.lost, tid, seq, seq)
             else:
                 unparsed += MIN_FRAME_SIZE  # a header we cannot trust
-        for tid in set(d.before) | set(d.after):
+        # Topics with records on both sides lost what lies between; when some bytes
+        # cannot be read at all, every topic without a readable record after them
+        # (the log names it, or the snapshot does) may have had records there.
+        for tid in set(d.before) | set(d.after) | ((seen | heads_ids) if unparsed else set()):
             lo = d.before.get(tid, heads.get(tid, 0))
             hi = d.after.get(tid)
             if hi is not None:
@@ -282,7 +328,8 @@ def plan_repair(fs: Fs, data_dir: str) -> RepairPlan:
         scans[d] = sc
         if sc.damage:
             sr = _plan_shard(fs, sc, heads)
-            sr.__dict__["scan"] = sc
+            sr.scan = sc
+            sr.start = positions.get(posixpath.normpath(d))
             shards.append(sr)
     plan = RepairPlan(data_dir, shards)
     lost = lost_ranges(body, list(scans.values()))
@@ -309,7 +356,8 @@ def plan_repair(fs: Fs, data_dir: str) -> RepairPlan:
             sr2 = next((x for x in plan.shards if x.dir == shard), None)
             if sr2 is None:
                 sr2 = ShardRepair(shard, [])
-                sr2.__dict__["scan"] = scans.get(shard) or scan_shard(fs, shard)
+                sr2.scan = scans.get(shard) or scan_shard(fs, shard)
+                sr2.start = positions.get(posixpath.normpath(shard))
                 plan.shards.append(sr2)
             for a, b in ranges:
                 _add(sr2.lost, tid, a, b)
@@ -355,7 +403,6 @@ def apply_repair(fs: Fs, plan: RepairPlan, *, clock: Clock | None = None) -> str
             }
         )
     for sr in plan.shards:
-        sc: ShardScan = sr.__dict__["scan"]
         rel = posixpath.relpath(sr.dir, plan.data_dir)
         qdir = posixpath.join(qroot, rel)
         fs.makedirs(qdir)
@@ -379,9 +426,14 @@ def apply_repair(fs: Fs, plan: RepairPlan, *, clock: Clock | None = None) -> str
             for tid, rngs in sorted(sr.lost.items())
             for a, b in rngs
         )
-        if tail and sc.end_file is not None:
-            past = max((b for _a, b, _k in sr.fillers.get(sc.end_file, [])), default=0)
-            _append_tail(fs, sr.dir, sc, tail, qdir, moved, max(sc.end_offset, past))
+        # The log as it reads now: where it ends, and no damage left.
+        after = scan_shard(fs, sr.dir, sr.start)
+        if after.damage:
+            raise ValueError(
+                "the salvaged log still reads as damaged: " + after.damage[0].describe(sr.dir)
+            )
+        if tail and after.end_file is not None:
+            _append_tail(fs, sr.dir, after, tail, qdir, moved, after.end_offset)
         fs.fsync_dir(sr.dir)
         manifest["shards"].append(
             {
@@ -393,6 +445,10 @@ def apply_repair(fs: Fs, plan: RepairPlan, *, clock: Clock | None = None) -> str
                     for d in sr.damage
                 ],
                 "lost": [[f"{tid:016x}", a, b] for tid, r in sorted(sr.lost.items()) for a, b in r],
+                "control_frames_gone": [
+                    {"type": TYPE_NAMES.get(t, str(t)), "topic": f"{tid:016x}"}
+                    for t, tid in sr.controls
+                ],
             }
         )
     _write_file(fs, posixpath.join(qroot, "manifest.json"), json.dumps(manifest, indent=1).encode())
