@@ -53,8 +53,8 @@ from topics.errors import TopicsError
 from topics.storage.frame import encode_segment_record
 from topics.storage.fs import Fs, RealFs
 from topics.storage.meta import capture_meta
-from topics.storage.segment import SegmentWriter, segment_blob
-from topics.storage.segstore import SegmentPart
+from topics.storage.segment import SegmentWriter, segment_blob, segment_paths
+from topics.storage.segstore import SegmentPart, Tier
 from topics.storage.snapshot import (
     decode_snapshot,
     list_snapshots,
@@ -633,6 +633,13 @@ class Checkpointer:
         report.sealed += 1
 
     def _open_segment(self, store: TopicStore, first: int, r: _Result, ts: int) -> SegmentWriter:
+        paths = segment_paths(store.dir, first)
+        if any(self.fs.exists(p) for p in paths):
+            # Left by a cycle of this process that failed part way (a full disk, an
+            # I/O error): no snapshot relies on it and the WAL still holds its
+            # records, so it is written again from the start.
+            log.warning("rewriting segment %s left by a failed checkpoint", paths.data)
+            store.tier.store(Tier.HOT).delete(first)
         w = SegmentWriter(self.fs, store.dir, first)
         store.writer = w
         seg = SegMeta(first, 0, store.alloc_loc(), False, 0, 0, ts)

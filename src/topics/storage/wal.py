@@ -955,11 +955,16 @@ class WalShard:
         try:
             write_all(f, data, start)
         except OSError as exc:
-            log.error("wal %s: SyncMark write failed at %d: %s", self.dir, start, exc)
+            if not _is_full(exc):
+                log.error("wal %s: SyncMark write failed at %d: %s", self.dir, start, exc)
             try:
                 self._zero(f, start, start + len(data))
             except OSError as exc2:
-                self._latch(f"cannot clear a failed write: {exc2}")
+                if _is_full(exc) and _is_full(exc2):
+                    self._stale_end = max(self._stale_end, start + len(data))
+                    self._hold([], exc, "write")
+                else:
+                    self._latch(f"cannot clear a failed write: {exc2}")
             return
         self._offset = start + len(data)
         self._mark_end = self._offset
