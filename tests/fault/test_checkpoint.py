@@ -429,3 +429,29 @@ def test_active_segment_torn_to_nothing_is_still_readable_after_the_next_checkpo
         h.crash_and_recover()
         assert not fingerprint_equal(h.fingerprint(), want)
         h.close()
+
+
+def test_no_valid_snapshot_refuses_to_start_with_nothing_changed() -> None:
+    """Snapshots that exist but none verifies: the topics and segments they name
+    cannot be found, so the start is refused rather than served half empty."""
+    from topics.storage.recovery import SnapshotDamage
+
+    disk = FakeDisk()
+    with Durable(disk, shards=1, segment_max_events=8) as h:
+        h.open()
+        assert h.put_topic("a", {"durability": "fsync"})
+        assert h.write("a", _rich("a", 10)).ok
+        h.checkpoint()
+        assert h.write("a", _rich("b", 10)).ok
+        h.checkpoint()
+        h.crash()
+        disk.recover()
+        snaps = list_snapshots(disk, posixpath.join(DATA_DIR, "meta"))
+        assert len(snaps) == 2
+        for _n, path in snaps:
+            disk.poke(path, 30, b"\xff\xff")
+        image = disk.snapshot_durable()
+        with pytest.raises(SnapshotDamage) as ei:
+            h.reopen()
+        assert "none of the 2 snapshots" in str(ei.value)
+        assert disk.snapshot_durable() == image

@@ -27,6 +27,7 @@ at the snapshot's marks, and TopicCreate / router frames older than the capture
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import posixpath
 import time
@@ -72,7 +73,7 @@ from topics.storage.fs import Fs, write_all
 from topics.storage.journal import shard_dirs, shard_of
 from topics.storage.meta import restore_topic
 from topics.storage.segment import scan_segments, segment_paths, topic_dir
-from topics.storage.snapshot import load_latest, load_valid
+from topics.storage.snapshot import list_snapshots, load_latest, load_valid
 from topics.storage.topicstore import (
     LoadedTopic,
     SegmentDamage,
@@ -156,6 +157,17 @@ def _topic_ids(fs: Fs, data_dir: str) -> list[int]:
             except ValueError:
                 continue
     return sorted(out)
+
+
+class SnapshotDamage(OSError):
+    """No valid snapshot where one is needed: recovery refuses to start.
+
+    The message names the snapshot files; nothing on disk is changed
+    (docs/FORMATS.md, "Snapshots").
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(errno.EIO, message)
 
 
 def _positions(data_dir: str, body: dict[str, Any] | None) -> dict[str, WalPosition]:
@@ -294,6 +306,25 @@ def load_data_dir(
     meta = posixpath.join(data_dir, "meta")
     found = load_latest(fs, meta)
     snap_n, body = found if found is not None else (0, None)
+    if found is None:
+        # Without a snapshot the WAL must start at its very first frame: a snapshot
+        # that existed but no longer verifies (its WAL prefix pruned, its segments
+        # unnamed) would otherwise make the start silently lose what it covered.
+        listed = list_snapshots(fs, meta)
+        if listed:
+            raise SnapshotDamage(
+                f"none of the {len(listed)} snapshots in {meta} verifies "
+                f"({', '.join(posixpath.basename(p) for _n, p in listed)}): the topics, "
+                "segments and WAL they cover cannot be read; refusing to start with "
+                "nothing changed on disk (see `topics verify`)"
+            )
+        for d in _existing_shard_dirs(fs, data_dir):
+            names = sorted(n for n in fs.listdir(d) if n.startswith("wal-") and n.endswith(".log"))
+            if names and names[0] != "wal-0000000000000000.log":
+                raise SnapshotDamage(
+                    f"{d} starts at {names[0]} but there is no snapshot covering the frames "
+                    "before it; refusing to start with nothing changed on disk"
+                )
     layout = shard_dirs(data_dir, n_shards)
     shards: list[WalShard] = []
     scans, leftovers = _scan_all(fs, data_dir, layout, body)
