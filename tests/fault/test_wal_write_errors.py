@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
@@ -160,16 +161,22 @@ def test_fresh_data_dir_preallocation_failure_refuses_to_start() -> None:
         h.close()
 
 
+def _fill_the_file(h: Durable, file_bytes: int) -> Any:
+    """Write small records until the next 600-byte one cannot fit the active file."""
+    shard = h.shard_of_topic("a")
+    i = 0
+    while file_bytes - shard.position[1] > 400:
+        assert h.write("a", make_records(f"fill{i}", 1, size=100)).ok
+        i += 1
+    return shard
+
+
 @pytest.mark.parametrize("kind", ["EIO"])
 def test_rotation_preallocation_failure_latches_and_keeps_the_prior_file(kind: str) -> None:
     file_bytes = 4096
     disk, fault, h = _setup(shards=1, file_bytes=file_bytes)
     with h:
-        shard = h.shard_of_topic("a")
-        i = 0
-        while file_bytes - shard.position[1] > 400:
-            assert h.write("a", make_records(f"fill{i}", 1, size=100)).ok
-            i += 1
+        shard = _fill_the_file(h, file_bytes)
         # The next write does not fit: rotation syncs the full file, then the new
         # file's zero-fill (the first pwrite after this point) fails.
         fault.fail("pwrite", 1, kind)  # type: ignore[arg-type]
@@ -232,11 +239,7 @@ def test_disk_full_at_rotation_is_507_keeps_the_log_and_resumes() -> None:
     file_bytes = 4096
     disk, fault, h = _setup(shards=1, file_bytes=file_bytes)
     with h:
-        shard = h.shard_of_topic("a")
-        i = 0
-        while file_bytes - shard.position[1] > 400:
-            assert h.write("a", make_records(f"fill{i}", 1, size=100)).ok
-            i += 1
+        shard = _fill_the_file(h, file_bytes)
         files = sorted(n for n in disk.listdir(shard.dir) if n.startswith("wal-"))
         # The next write needs a new file, and there is no room for one.
         rule = fault.fail("pwrite", 1, "ENOSPC", persistent=True)

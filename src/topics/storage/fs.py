@@ -155,3 +155,26 @@ def write_all(f: File, data: bytes, offset: int) -> None:
             raise OSError(errno.EIO, "write made no progress")
         view = view[n:]
         offset += n
+
+
+def write_file(fs: Fs, path: str, data: bytes) -> None:
+    """Create (or truncate) `path` and make `data` its durable content (fdatasync).
+
+    The caller syncs the directory when the name is new. Raises OSError.
+    """
+    f = fs.open(path, create=True, write=True)
+    try:
+        f.truncate(0)
+        write_all(f, data, 0)
+        f.fdatasync()
+    finally:
+        f.close()
+
+
+def read_file(fs: Fs, path: str) -> bytes:
+    """The whole content of `path`. Raises OSError."""
+    f = fs.open(path)
+    try:
+        return f.pread(f.size(), 0)
+    finally:
+        f.close()

@@ -69,7 +69,7 @@ from topics.storage.frame import (
     FrameError,
     decode_frame,
 )
-from topics.storage.fs import Fs, write_all
+from topics.storage.fs import Fs, read_file, write_file
 from topics.storage.journal import shard_dirs, shard_of
 from topics.storage.meta import restore_topic
 from topics.storage.segment import scan_segments, segment_paths, topic_dir
@@ -130,7 +130,7 @@ class Loaded:
     data_dir: str = ""
 
 
-def _existing_shard_dirs(fs: Fs, data_dir: str) -> list[str]:
+def existing_shard_dirs(fs: Fs, data_dir: str) -> list[str]:
     root = posixpath.join(data_dir, "wal")
     try:
         names = fs.listdir(root)
@@ -143,7 +143,7 @@ def _existing_shard_dirs(fs: Fs, data_dir: str) -> list[str]:
     return out
 
 
-def _topic_ids(fs: Fs, data_dir: str) -> list[int]:
+def topic_ids(fs: Fs, data_dir: str) -> list[int]:
     root = posixpath.join(data_dir, "topics")
     try:
         names = fs.listdir(root)
@@ -186,7 +186,7 @@ def _scan_all(
     positions = _positions(data_dir, body)
     scans = [scan_shard(fs, d, positions.get(posixpath.normpath(d))) for d in layout]
     leftovers: list[str] = []
-    for d in _existing_shard_dirs(fs, data_dir):
+    for d in existing_shard_dirs(fs, data_dir):
         if d not in layout:
             scans.append(scan_shard(fs, d, positions.get(posixpath.normpath(d))))
             leftovers.append(d)
@@ -263,18 +263,7 @@ def _set_aside(
                     data_dir, "quarantine", f"rebuild-{stamp}", posixpath.relpath(path, data_dir)
                 )
                 fs.makedirs(posixpath.dirname(dest))
-                f = fs.open(path)
-                try:
-                    data = f.pread(f.size(), 0)
-                finally:
-                    f.close()
-                out = fs.open(dest, create=True, write=True)
-                try:
-                    out.truncate(0)
-                    write_all(out, data, 0)
-                    out.fdatasync()
-                finally:
-                    out.close()
+                write_file(fs, dest, read_file(fs, path))
                 fs.fsync_dir(posixpath.dirname(dest))
                 fs.unlink(path)
         fs.fsync_dir(d)
@@ -318,7 +307,7 @@ def load_data_dir(
                 "segments and WAL they cover cannot be read; refusing to start with "
                 "nothing changed on disk (see `topics verify`)"
             )
-        for d in _existing_shard_dirs(fs, data_dir):
+        for d in existing_shard_dirs(fs, data_dir):
             names = sorted(n for n in fs.listdir(d) if n.startswith("wal-") and n.endswith(".log"))
             if names and names[0] != "wal-0000000000000000.log":
                 raise SnapshotDamage(
@@ -332,7 +321,7 @@ def load_data_dir(
         if sc.damage:
             raise WalDamage(sc.dir, sc.damage)
     ids = sorted(
-        set(_topic_ids(fs, data_dir)) | (set(_topic_ids(fs, cold_dir)) if cold_dir else set())
+        set(topic_ids(fs, data_dir)) | (set(topic_ids(fs, cold_dir)) if cold_dir else set())
     )
     damaged = _check_segments(fs, data_dir, ids, body, scans)
     if damaged:

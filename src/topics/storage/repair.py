@@ -54,9 +54,9 @@ from topics.storage.frame import (
     encode_control,
     encode_frame,
 )
-from topics.storage.fs import Fs, write_all
+from topics.storage.fs import Fs, read_file, write_all, write_file
 from topics.storage.journal import shard_dirs, shard_of
-from topics.storage.recovery import lost_ranges
+from topics.storage.recovery import existing_shard_dirs, lost_ranges, topic_ids
 from topics.storage.segment import scan_segments, segment_paths, topic_dir
 from topics.storage.snapshot import load_latest
 from topics.storage.topicstore import SegmentDamage, check_published, published_upto
@@ -165,34 +165,6 @@ class RepairPlan:
             for p in sr.problems:
                 out.append(f"cannot  {rel}: {p}")
         return out
-
-
-def _existing_shard_dirs(fs: Fs, data_dir: str) -> list[str]:
-    root = posixpath.join(data_dir, "wal")
-    try:
-        names = fs.listdir(root)
-    except FileNotFoundError:
-        return []
-    out = []
-    if any(n.startswith("wal-") and n.endswith(".log") for n in names):
-        out.append(root)
-    out += [posixpath.join(root, n) for n in sorted(names) if n.startswith("shard-")]
-    return out
-
-
-def _topic_ids(fs: Fs, data_dir: str) -> list[int]:
-    try:
-        names = fs.listdir(posixpath.join(data_dir, "topics"))
-    except FileNotFoundError:
-        return []
-    out = []
-    for n in names:
-        if len(n) == 16:
-            try:
-                out.append(int(n, 16))
-            except ValueError:
-                continue
-    return sorted(out)
 
 
 def _parse_headers(
@@ -321,7 +293,7 @@ def plan_repair(fs: Fs, data_dir: str) -> RepairPlan:
     heads = {int(m["id"]): int(m.get("head", 0)) for m in body.get("topics") or []}
     ckpts = {int(m["id"]): published_upto(m) for m in body.get("topics") or []}
     shards: list[ShardRepair] = []
-    dirs = _existing_shard_dirs(fs, data_dir) or shard_dirs(data_dir, 1)
+    dirs = existing_shard_dirs(fs, data_dir) or shard_dirs(data_dir, 1)
     scans: dict[str, ShardScan] = {}
     for d in dirs:
         sc = scan_shard(fs, d, positions.get(posixpath.normpath(d)))
@@ -333,7 +305,7 @@ def plan_repair(fs: Fs, data_dir: str) -> RepairPlan:
             shards.append(sr)
     plan = RepairPlan(data_dir, shards)
     lost = lost_ranges(body, list(scans.values()))
-    for tid in _topic_ids(fs, data_dir):
+    for tid in topic_ids(fs, data_dir):
         d = topic_dir(data_dir, tid)
         segs = scan_segments(fs, d)
         listed = [first for first, _p in segs.segments]
@@ -385,11 +357,7 @@ def apply_repair(fs: Fs, plan: RepairPlan, *, clock: Clock | None = None) -> str
         for path in sg.files:
             dest = posixpath.join(qroot, posixpath.relpath(path, plan.data_dir))
             fs.makedirs(posixpath.dirname(dest))
-            f = fs.open(path)
-            try:
-                _write_file(fs, dest, f.pread(f.size(), 0))
-            finally:
-                f.close()
+            write_file(fs, dest, read_file(fs, path))
             fs.fsync_dir(posixpath.dirname(dest))
             fs.unlink(path)  # moved: the bytes are in the quarantine, synced
         if sg.files:
@@ -408,12 +376,7 @@ def apply_repair(fs: Fs, plan: RepairPlan, *, clock: Clock | None = None) -> str
         fs.makedirs(qdir)
         moved: list[str] = []
         for name, rngs in sr.fillers.items():
-            src = posixpath.join(sr.dir, name)
-            f = fs.open(src)
-            try:
-                buf = bytearray(f.pread(f.size(), 0))
-            finally:
-                f.close()
+            buf = bytearray(read_file(fs, posixpath.join(sr.dir, name)))
             for a, b, k in rngs:
                 buf[a:b] = _filler(k, b - a)
             _replace(fs, sr.dir, name, bytes(buf), posixpath.join(qdir, name))
@@ -451,7 +414,7 @@ def apply_repair(fs: Fs, plan: RepairPlan, *, clock: Clock | None = None) -> str
                 ],
             }
         )
-    _write_file(fs, posixpath.join(qroot, "manifest.json"), json.dumps(manifest, indent=1).encode())
+    write_file(fs, posixpath.join(qroot, "manifest.json"), json.dumps(manifest, indent=1).encode())
     fs.fsync_dir(qroot)
     return qroot
 
@@ -468,12 +431,12 @@ def _append_tail(
         if end + len(tail) > size:
             f.close()
             nxt = posixpath.join(d, wal_file_name(sc.next_index))
-            _write_file(fs, nxt, tail)
+            write_file(fs, nxt, tail)
             return
         # A torn tail past the end is kept aside before the Lost frames cover it.
         if name not in moved and f.pread(max(size - end, 0), end).strip(b"\0"):
             keep = f.pread(size, 0)
-            _write_file(fs, posixpath.join(qdir, name), keep)
+            write_file(fs, posixpath.join(qdir, name), keep)
             moved.append(name)
         write_all(f, tail, end)
         zero = sc.torn_end - (end + len(tail)) if sc.torn is not None else 0
@@ -484,27 +447,13 @@ def _append_tail(
         f.close()
 
 
-def _write_file(fs: Fs, path: str, data: bytes) -> None:
-    f = fs.open(path, create=True, write=True)
-    try:
-        f.truncate(0)
-        write_all(f, data, 0)
-        f.fdatasync()
-    finally:
-        f.close()
-
-
 def _replace(fs: Fs, d: str, name: str, data: bytes, quarantine: str | None) -> None:
     """Put `data` under `d/name`; the old file (if any) goes to `quarantine` first."""
     path = posixpath.join(d, name)
     if quarantine is not None:
-        f = fs.open(path)
-        try:
-            _write_file(fs, quarantine, f.pread(f.size(), 0))
-        finally:
-            f.close()
+        write_file(fs, quarantine, read_file(fs, path))
         fs.fsync_dir(posixpath.dirname(quarantine))
     tmp = posixpath.join(d, name + ".repair-tmp")
-    _write_file(fs, tmp, data)
+    write_file(fs, tmp, data)
     fs.replace(tmp, path)
     fs.fsync_dir(d)

@@ -62,7 +62,7 @@ from topics.storage.frame import (
     find_next_frame,
     scan_columns,
 )
-from topics.storage.fs import File, Fs, write_all
+from topics.storage.fs import File, Fs, write_all, write_file
 
 __all__ = [
     "WalShard",
@@ -752,13 +752,7 @@ class WalShard:
         """Copy bytes `[start, stop)` of the active file to `<name>.torn-<start>` (durably)."""
         aside = f"{name}.torn-{start}"
         path = posixpath.join(self.dir, aside)
-        out = self.fs.open(path, create=True, write=True)
-        try:
-            out.truncate(0)
-            write_all(out, f.pread(stop - start, start), 0)
-            out.fdatasync()
-        finally:
-            out.close()
+        write_file(self.fs, path, f.pread(stop - start, start))
         self.fs.fsync_dir(self.dir)
         return path
 
