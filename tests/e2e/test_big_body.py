@@ -1,7 +1,7 @@
 """Large bodies against the real `topics serve`: peak memory and event-loop stalls.
 
-A 60 MiB write (parsed and validated; stored), and ~60 MiB bodies built to blow
-up when parsed.
+A 60 MiB write (parsed and validated; stored with each durability class that
+logs it), and ~60 MiB bodies built to blow up when parsed.
 
 The server process's peak RSS (``VmHWM``, reset through ``/proc/PID/clear_refs``
 just before the request) is read from /proc, and a second connection pings
@@ -146,15 +146,16 @@ def test_big_body_is_received_and_parsed_within_bounds(server: ServerProcess) ->
         pytest.fail(f"(RSS growth x body, slowest ping ms) per attempt: {attempts}")
 
 
-@pytest.mark.parametrize(("durability", "max_growth"), [("disk", 6.0), ("memory", 4.0)])
-def test_big_append_end_to_end(server: ServerProcess, durability: str, max_growth: float) -> None:
-    """A 60 MiB append that is stored: the whole request, staging and WAL included.
+@pytest.mark.parametrize("durability", ["disk", "memory", "fsync"])
+def test_big_append_end_to_end(server: ServerProcess, durability: str) -> None:
+    """A 60 MiB append that is stored: < 4x memory, no stall > 50 ms, the whole request.
 
-    The stall bound here is looser than the parse's: staging the batch (frame
-    encoding, the WAL hand-off) runs on the event loop in one step. A `disk`
-    topic (the default) also logs a head reservation with the batch, and the
-    storage layer copies the batch's frames to do that, hence its looser memory
-    bound (see docs/HTTP_INPUT.md "Large bodies").
+    Receiving, parsing, laying the frames out (a piece per loop step), staging
+    (sealing them), the WAL hand-off and write (the frames are never copied, a
+    `disk` topic's head reservation included) and publishing all count (see
+    docs/HTTP_INPUT.md "Large bodies"). Each attempt appends another 10000
+    records to the same topic; as for the parse, the best of three attempts
+    counts because the machine is shared.
     """
     conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
     conn.request(
@@ -166,27 +167,36 @@ def test_big_append_end_to_end(server: ServerProcess, durability: str, max_growt
     assert conn.getresponse().status == 201
     conn.close()
     body = make_body()
-    status, resp, growth, worst_ms = measured(server, "/v0/topics/big", body)
-    assert status == 200, resp[:300]
-    ack = orjson.loads(resp)
-    assert (ack["first_seq"], ack["last_seq"], ack["count"]) == (1, RECORDS, RECORDS)
-    print(
-        f"append ({durability}): peak RSS growth {growth:.2f}x the body, "
-        f"slowest ping {worst_ms:.1f} ms"
-    )
-    assert growth < max_growth, f"peak RSS grew {growth:.2f}x the body size"
-    assert worst_ms < 1000, f"the event loop stalled for {worst_ms:.0f} ms"
+    attempts = []
+    first = 1
+    for _ in range(3):
+        status, resp, growth, worst_ms = measured(server, "/v0/topics/big", body)
+        assert status == 200, resp[:300]
+        ack = orjson.loads(resp)
+        last = first + RECORDS - 1
+        assert (ack["first_seq"], ack["last_seq"], ack["count"]) == (first, last, RECORDS)
+        attempts.append((round(growth, 2), round(worst_ms, 1)))
+        print(
+            f"append ({durability}): peak RSS growth {growth:.2f}x the body, "
+            f"slowest ping {worst_ms:.1f} ms"
+        )
+        first = last + 1
+        if growth < 4.0 and worst_ms < 50:
+            break
+    else:
+        pytest.fail(f"(RSS growth x body, slowest ping ms) per attempt: {attempts}")
     # Everything was stored and reads back.
     conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
+    base = first - RECORDS - 1  # the seq before the last attempt's first
     conn.request(
         "POST",
         "/v0/topics/big/diff",
-        body=b'{"from_seq": 9990, "limit": 5, "include_tags": true}',
+        body=orjson.dumps({"from_seq": base + 9990, "limit": 5, "include_tags": True}),
         headers={"content-type": "application/json"},
     )
     got = orjson.loads(conn.getresponse().read())
     conn.close()
-    assert [r["$seq"] for r in got["records"]] == [9991, 9992, 9993, 9994, 9995]
+    assert [r["$seq"] for r in got["records"]] == [base + 9991 + i for i in range(5)]
     assert [r["$tag"] for r in got["records"]] == ["t:9990", "t:9991", "t:9992", "t:9993", "t:9994"]
     assert got["records"][0]["data"]["i"] == 9990
 

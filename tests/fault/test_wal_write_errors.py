@@ -297,3 +297,37 @@ def test_disk_class_writes_acknowledged_before_the_disk_filled_wait_and_land() -
             "d-late.0",
         ]
         h.close()
+
+
+@pytest.mark.parametrize("nth", [1, 2], ids=["frames-part", "reservation-part"])
+def test_a_large_write_failing_in_either_part_never_acks_and_leaves_nothing(nth: int) -> None:
+    """A large `disk` write is one WAL entry written in two parts: its frames from
+    their own buffer, then the head reservation (docs/HTTP_INPUT.md "Large bodies").
+    A failure in either part fails the whole entry, and the part that did land is
+    cleared: the write is never visible, the next one lands in its place."""
+    disk = FakeDisk()
+    fault = FaultFs(disk)
+    with Durable(fault, shards=1, file_bytes=4 * 1024 * 1024) as h:
+        h.open()
+        assert h.put_topic("d", {"durability": "disk"})
+        assert h.put_topic("e", {"durability": "disk"})
+        assert h.write("d", make_records("d-ok", 2)).ok
+        assert h.settle(sync=True)
+        time.sleep(0.02)  # let the writer's periodic sync and SyncMark pass
+        big = make_records("e-big", 3, size=400_000)  # ~1.2 MiB: a part of its own
+        fault.fail("pwrite", nth, "EIO")
+        out = h.write("e", big)
+        assert fault.rules[0].fired == 1
+        assert not out.ok and out.status == 500, out
+        assert h.read_all("e") == []
+        assert not h.shard_of_topic("e").read_only
+        assert h.write("e", make_records("e-next", 1)).ok
+        h.restart(fs=disk)
+        _exactly_acked(h, "d")
+        _exactly_acked(h, "e")
+        assert h.write("e", big).ok
+        h.crash_and_recover()
+        _exactly_acked(h, "e")
+        errs = check_oracle(h, allow_unacked=False, context=f"large write, pwrite {nth}")
+        assert not errs, "\n".join(errs)
+        h.close()

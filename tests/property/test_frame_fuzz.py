@@ -350,3 +350,52 @@ def test_segment_blob_equals_wal_to_segment_per_frame(specs_: list[Spec], pad: b
     assert lens.tolist() == [len(w) - 1 for w in wal]
     assert flags.tolist() == [w[5] for w in wal]
     assert seqs.tolist() == [s.args[1] for s in specs_]
+
+
+# -- a batch laid out ahead of staging, then sealed ----------------------------------
+
+
+@budget(150)
+@given(
+    st.lists(
+        st.tuples(json_bytes, st.one_of(st.none(), json_bytes), text, text, st.integers(0, 3)),
+        max_size=10,
+    ),
+    u64,
+    u64,
+    u64,
+    st.booleans(),
+    st.integers(1, 300),
+    st.integers(1, 4),
+)
+def test_layout_then_seal_equals_encode_batch(
+    recs: list[tuple[Any, ...]],
+    topic_id: int,
+    first_seq: int,
+    ts: int,
+    durable: bool,
+    step_bytes: int,
+    step_records: int,
+) -> None:
+    from topics.engine.records import NewRecord
+
+    batch = [NewRecord(d, m, n, t, len(d), h) for d, m, n, t, h in recs]
+    try:
+        want: bytes | None = F.encode_batch(topic_id, first_seq, ts, batch, durable)[0]
+    except F.FrameError:
+        want = None  # a seq past u64, or text that is not UTF-8: both must refuse
+    steps = F.layout_batch(batch, step_bytes=step_bytes, step_records=step_records)
+    try:
+        while True:
+            next(steps)
+    except StopIteration as done:
+        layout = done.value
+    except F.FrameError:
+        assert want is None
+        return
+    try:
+        got = bytes(F.seal_batch(layout, topic_id, first_seq, ts, durable))
+    except F.FrameError:
+        assert want is None
+        return
+    assert got == want

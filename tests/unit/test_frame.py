@@ -5,6 +5,8 @@ docs/FORMATS.md "WAL frame" and "Segment files"; reliability-anchors ยง3.3 and ย
 
 from __future__ import annotations
 
+import mmap
+import random
 from typing import Any
 
 import msgpack
@@ -274,6 +276,77 @@ def test_encode_appends_marks_all_but_the_last_frame_of_a_write() -> None:
             (100 + i, r.node, r.tag, r.data, r.meta) for i, r in enumerate(recs)
         ]
     assert F.encode_appends(5, 1, TS, [], True) == b""
+
+
+def _drain(steps: Any) -> tuple[Any, int]:
+    """Run a stepping generator to its value; returns (value, steps yielded)."""
+    n = 0
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value, n
+        n += 1
+
+
+def _batch(rnd: random.Random, n: int) -> list[NewRecord]:
+    out = []
+    for i in range(n):
+        data = b'{"i":%d,"s":"%b"}' % (i, b"x" * rnd.choice([0, 3, 700, 5000]))
+        out.append(
+            NewRecord(
+                data,
+                rnd.choice([None, b"{}", META]),
+                rnd.choice([None, "", "n1", "n\u00e9\u4e2d"]),
+                rnd.choice([None, "", "t", "t\u00e4g" * 20]),
+                len(data),
+                rnd.choice([0, 2]),
+            )
+        )
+    return out
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_layout_then_seal_is_byte_identical_to_encode_batch(seed: int) -> None:
+    rnd = random.Random(seed)
+    recs = _batch(rnd, rnd.choice([0, 1, 2, 17, 60]))
+    durable = bool(seed % 2)
+    want, sizes = F.encode_batch(9, 1000 + seed, TS, recs, durable)
+    layout, steps = _drain(
+        F.layout_batch(recs, step_bytes=rnd.choice([1, 4096, 1 << 20]), step_records=7)
+    )
+    assert layout.records is recs and layout.sizes == sizes and not layout.sealed
+    if len(recs) >= 7:
+        assert steps >= len(recs) // 7  # sizing yields every 7 records at least
+    buf = F.seal_batch(layout, 9, 1000 + seed, TS, durable)
+    assert buf is layout.buf and layout.sealed
+    assert bytes(buf) == want
+
+
+def test_a_large_layout_sits_in_an_mmap_written_a_piece_per_step() -> None:
+    data = b'"' + b"x" * 65_000 + b'"'
+    recs = [NewRecord(data, None, "n", f"t{i}", len(data)) for i in range(40)]  # ~2.5 MiB
+    layout, steps = _drain(F.layout_batch(recs, step_bytes=256 * 1024))
+    assert isinstance(layout.buf, mmap.mmap) and len(layout.buf) == sum(layout.sizes)
+    assert steps >= 8  # ~2.5 MiB in 256 KiB pieces
+    assert F.seal_batch(layout, 1, 1, TS, False)[:] == F.encode_batch(1, 1, TS, recs, False)[0]
+    small, _ = _drain(F.layout_batch(recs[:1]))
+    assert isinstance(small.buf, bytearray)
+
+
+def test_a_layout_is_sealed_once_and_refuses_what_encode_batch_refuses() -> None:
+    recs = [NewRecord(DATA, None, None, "t", 1), NewRecord(DATA, META, "n", None, 1)]
+    layout, _ = _drain(F.layout_batch(recs))
+    F.seal_batch(layout, 1, 1, TS, False)
+    with pytest.raises(FrameError):
+        F.seal_batch(layout, 1, 5, TS, False)  # a second seal would rewrite live frames
+    for bad in ({"node": "\ud800"}, {"tag": "\udfff"}, {"tag": "y" * 65536}):
+        rec = NewRecord(DATA, None, bad.get("node"), bad.get("tag"), 1)
+        with pytest.raises(FrameError):
+            _drain(F.layout_batch([rec]))
+    fresh, _ = _drain(F.layout_batch(recs))
+    with pytest.raises(FrameError):
+        F.seal_batch(fresh, 1, 2**64, TS, False)
 
 
 # -- encode errors ---------------------------------------------------------------

@@ -59,3 +59,19 @@ def test_write_all_loops_over_short_writes() -> None:
     assert bytes(f.buf[2:12]) == b"abcdefghij"
     with pytest.raises(OSError):
         write_all(_Short(0), b"abc", 0)  # type: ignore[arg-type]
+
+
+def test_write_all_hands_over_views_of_the_buffer_never_a_copy() -> None:
+    seen: list[object] = []
+
+    class _Seen(_Short):
+        def pwrite(self, data: bytes, offset: int) -> int:
+            seen.append(data.obj if isinstance(data, memoryview) else data)
+            return super().pwrite(data, offset)
+
+    for buf in (b"abcdefghij", bytearray(b"abcdefghij")):
+        seen.clear()
+        f = _Seen(4)
+        write_all(f, buf, 0)  # type: ignore[arg-type]
+        assert bytes(f.buf[:10]) == b"abcdefghij"
+        assert len(seen) == 3 and all(o is buf for o in seen)

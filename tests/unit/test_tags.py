@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import random
+
+import pytest
+
 from topics.engine.tags import TagIndex
 
 
@@ -37,3 +41,28 @@ def test_unicode_prefix_is_bytewise_ordered() -> None:
     t.add("e1", 2)
     t.add("éz", 3)
     assert t.prefix("é", 10) == [1, 3]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_add_many_is_add_for_each(seed: int) -> None:
+    rnd = random.Random(seed)
+    one, many = TagIndex(), TagIndex()
+    seq = 1
+    for _ in range(30):
+        # Small batches insert their new keys, large ones (> 16 new) merge them in.
+        n = rnd.choice([1, 5, 40, 300])
+        tags = [
+            rnd.choice([None, f"k{rnd.randrange(2000)}", f"a{rnd.randrange(9)}"]) for _ in range(n)
+        ]
+        for i, tag in enumerate(tags):
+            if tag is not None:
+                one.add(tag, seq + i)
+        many.add_many(tags, seq)
+        seq += n
+        if rnd.random() < 0.3:
+            cut = rnd.randrange(1, seq)
+            one.drop_upto(cut)
+            many.drop_upto(cut)
+        assert many._post == one._post and many._keys == one._keys == sorted(one._post)
+        assert sorted(many._heads) == sorted(one._heads)
+        assert many.prefix("k1", seq) == one.prefix("k1", seq)

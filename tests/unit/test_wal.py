@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import errno
+import mmap
 import threading
 from pathlib import Path
 
 import pytest
 
 from topics.storage.frame import APPEND, Frame, encode_append
-from topics.storage.fs import RealFile, RealFs
-from topics.storage.wal import WalDamage, WalEntry, WalFull, WalReadOnly, WalShard, scan_shard
+from topics.storage.fs import Data, RealFile, RealFs
+from topics.storage.wal import (
+    JOIN_MAX_BYTES,
+    WalDamage,
+    WalEntry,
+    WalFull,
+    WalReadOnly,
+    WalShard,
+    scan_shard,
+)
 
 FILE = 64 * 1024
 
@@ -247,3 +256,59 @@ def test_fsync_failure_fails_the_batch_and_latches_read_only(tmp_path: Path) -> 
         shard.submit(WalEntry(rec(3), 1, sync=True, done=w.cb))
     fs.armed = False
     shard.close()
+
+
+class _RecordingFile:
+    """A RealFile that records what each pwrite was handed."""
+
+    def __init__(self, inner: RealFile, calls: list[tuple[int, int, object]]) -> None:
+        self.inner = inner
+        self.calls = calls
+
+    def pwrite(self, data: Data, offset: int) -> int:
+        obj = data.obj if isinstance(data, memoryview) else data
+        self.calls.append((offset, len(data), obj))
+        return self.inner.pwrite(data, offset)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+class RecordingFs(RealFs):
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int, object]] = []
+
+    def open(self, path: str, *, create: bool = False, write: bool = False) -> RealFile:
+        f = super().open(path, create=create, write=write)
+        return _RecordingFile(f, self.calls)  # type: ignore[return-value]
+
+
+def test_entry_parts_are_written_back_to_back_and_a_large_part_is_not_copied(
+    tmp_path: Path,
+) -> None:
+    d = str(tmp_path / "wal")
+    fs = RecordingFs()
+    shard, _ = WalShard.open(fs, d, file_bytes=4 * 1024 * 1024)
+    big = mmap.mmap(-1, len(rec(2, size=JOIN_MAX_BYTES)))
+    big[:] = rec(2, size=JOIN_MAX_BYTES)
+    small = rec(3)
+    fs.calls.clear()
+    w = Waiter()
+    e1 = WalEntry(rec(1), 2, sync=False, done=w.cb, more=(rec(9),))
+    shard.submit(e1)
+    w.wait(1)
+    assert len(fs.calls) == 1  # small parts: joined into one pwrite
+    fs.calls.clear()
+    e2 = WalEntry(big, 2, sync=True, done=w.cb, more=(small,))
+    assert e2.size == len(big) + len(small)
+    shard.submit(e2)
+    done = w.wait(2)
+    assert all(ok for _, ok, _ in done)
+    # The large part went out from its own buffer (no joined copy), the small one after it.
+    writes = [(off, n, obj) for off, n, obj in fs.calls if n > 0]
+    assert writes[0][2] is big and writes[0][1] == len(big)
+    assert writes[1][:2] == (e2.offset + len(big), len(small))
+    assert e2.offset == e1.offset + e1.size and e2.index == 2
+    shard.close()
+    assert [f.seq for _, f in scan_shard(RealFs(), d).frames] == [1, 9, 2, 3]
+    assert shard.metrics.bytes_written >= e1.size + e2.size

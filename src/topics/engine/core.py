@@ -9,14 +9,16 @@ one event loop that owns the engine (DESIGN §1): there are no locks.
 Writes are two-phase so storage can slot in underneath: :meth:`Engine.begin_write`
 validates, admits and stages a batch (seqs assigned, nothing visible);
 the journal commits it and the topic publishes it in seq order
-(:meth:`Topic.complete`); :meth:`Engine.write_result` renders the ack.
+(:meth:`Topic.complete`); :meth:`Engine.write_result` renders the ack. A large
+write's frames can be laid out beforehand, a piece per event-loop step, by
+:meth:`Engine.prepare_write`, which touches no engine state.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +40,7 @@ from topics.engine.topic import (
 )
 from topics.engine.topic_config import TopicConfig, parse_topic_config
 from topics.errors import TopicsError, bad_request, not_found_topic, throttled
+from topics.storage.frame import BatchLayout, FrameError, layout_batch
 
 if TYPE_CHECKING:
     from topics.engine.params import Predicate
@@ -56,6 +59,9 @@ __all__ = [
 ]
 
 DEFAULT_LIMIT = 256
+#: Writes whose records hold at least this many bytes have their frames laid out
+#: ahead of staging (:meth:`Engine.prepare_write`; docs/HTTP_INPUT.md "Large bodies").
+PREPARE_MIN_BYTES = 1 << 20
 DEFAULT_BUDGET = 1_048_576
 MAX_BUDGET = 8_388_608
 MAX_WAIT_MS = 30_000
@@ -91,13 +97,18 @@ def clamp_page_size(raw: str | None) -> int:
 
 @dataclass(slots=True)
 class WriteRequest:
-    """A validated write body (API §4)."""
+    """A validated write body (API §4).
+
+    `layout` holds the batch's frames laid out ahead of staging by
+    :meth:`Engine.prepare_write` (large writes only), else None.
+    """
 
     records: list[NewRecord]
     key: str | None
     create: bool | None
     config: Any
     has_config: bool
+    layout: BatchLayout | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -408,13 +419,52 @@ class Engine:
         boolean(body, "disable_backpressure", False)
         return WriteRequest(records, key or None, create, body.get("config"), has_config)
 
+    def prepare_write(
+        self, name: str, req: WriteRequest, *, min_bytes: int = PREPARE_MIN_BYTES
+    ) -> Generator[None, None, None]:
+        """Lay out a large write's frames before :meth:`begin_write`, a piece per step.
+
+        A generator: it yields after each piece (about 1 MiB of frames, see
+        :func:`~topics.storage.frame.layout_batch`) so the caller can let the
+        event loop run, and stores the layout in `req.layout`; :meth:`begin_write`
+        then only seals it (seqs, ts, checksums) instead of encoding the whole
+        batch in one step. It reads nothing but the records and changes no
+        engine state, so it may run any time before :meth:`begin_write`, which
+        decides everything (a layout it cannot use is ignored). Does nothing
+        for a write whose records hold under `min_bytes` bytes (default
+        :data:`PREPARE_MIN_BYTES`, 1 MiB: smaller batches are cheaper to encode
+        in one go), one that already has a layout, or one :meth:`begin_write`
+        would refuse because its topic is missing and may not be created.
+        Raises nothing: when a record cannot be encoded (or no buffer can be
+        mapped) `req.layout` stays None, and :meth:`begin_write` encodes the
+        batch itself, refusing such a record in its turn (`400`).
+        """
+        if req.layout is not None or sum(r.nbytes for r in req.records) < min_bytes:
+            return
+        if name not in self.topics and (
+            req.create is False
+            or (
+                req.create is None
+                and req.has_config
+                and isinstance(req.config, dict)
+                and not req.config.get("auto_create", True)
+            )
+        ):
+            return
+        try:
+            req.layout = yield from layout_batch(req.records)
+        except (FrameError, OSError):
+            req.layout = None
+
     def begin_write(self, name: str, req: WriteRequest) -> PendingWrite | Replay | dict[str, Any]:
         """Resolve, dedupe, admit and stage a write (API §4 admission order).
 
         Returns a replay result dict for an in-window idempotent repeat, a
         :class:`Replay` when a same-key write is still committing, else the staged
         :class:`PendingWrite` (already published when the journal commits
-        synchronously). Raises 400/404/422/429 without changing anything.
+        synchronously). The frames are sealed from `req.layout` when
+        :meth:`prepare_write` laid them out, else encoded here. Raises
+        400/404/422/429 without changing anything.
         """
         now = self.clock.now_ms()
         t = self.topics.get(name)
@@ -441,7 +491,7 @@ class Engine:
             self.drain_into(t)
             t.apply_retention(now)
         self.admit(t, req.records)
-        pw = t.stage(req.records, now, key)
+        pw = t.stage(req.records, now, key, req.layout)
         if created:
             try:
                 self._register(t)

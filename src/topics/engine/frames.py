@@ -93,7 +93,7 @@ class Chunk:
     verify = False
     name = "memory"
 
-    def __init__(self, buf: bytes, first_seq: int, last_seq: int) -> None:
+    def __init__(self, buf: Buf, first_seq: int, last_seq: int) -> None:
         self.buf = buf
         self.first_seq = first_seq
         self.last_seq = last_seq

@@ -15,8 +15,12 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, bisect_right, insort
+from collections.abc import Iterable
 
 __all__ = ["TagIndex"]
+
+# More new keys than this in one batch are merged in with a sort, fewer inserted.
+_BULK_KEYS = 16
 
 
 class TagIndex:
@@ -42,6 +46,39 @@ class TagIndex:
             heapq.heappush(self._heads, (seq, tag))
         else:
             lst.append(seq)
+
+    def add_many(self, tags: Iterable[str | None], first_seq: int) -> None:
+        """Record the `i`-th of `tags` at seq `first_seq + i` (None: that seq has no tag).
+
+        The same as :meth:`add` for each, with the same precondition, but the
+        new keys of a large batch are sorted in once rather than inserted one by
+        one.
+        """
+        post = self._post
+        new: list[str] = []
+        seq = first_seq
+        for tag in tags:
+            if tag is not None:
+                lst = post.get(tag)
+                if lst is None:
+                    post[tag] = [seq]
+                    new.append(tag)
+                else:
+                    lst.append(seq)
+            seq += 1
+        if not new:
+            return
+        keys = self._keys
+        if len(new) > _BULK_KEYS:
+            new.sort()
+            keys.extend(new)
+            keys.sort()  # two sorted runs: one merge
+        else:
+            for tag in new:
+                insort(keys, tag)
+        heads = self._heads
+        for tag in new:
+            heapq.heappush(heads, (post[tag][0], tag))
 
     def drop_upto(self, seq: int) -> None:
         """Forget every posting with a seq <= `seq` (front reclaim), across all tags."""

@@ -11,7 +11,7 @@ from topics.config import SCOPE_ADMIN
 from topics.engine.core import Replay
 from topics.engine.topic import PendingWrite, Topic
 from topics.errors import TopicsError
-from topics.http.app import Ctx
+from topics.http.app import Ctx, drive
 from topics.http.auth import check_config_names
 from topics.http.responses import JSON_CT, Resp, json_resp
 
@@ -111,6 +111,9 @@ async def write(ctx: Ctx) -> Resp:
         )
     if req.has_config:
         check_config_names(ctx.principal, req.config)
+    # A large batch's frames are laid out a piece per loop step; staging then
+    # only seals them (docs/HTTP_INPUT.md "Large bodies").
+    await drive(eng.prepare_write(name, req))
     t1 = time.perf_counter()
     res = eng.begin_write(name, req)
     if isinstance(res, dict):

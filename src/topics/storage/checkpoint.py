@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import mmap
 import posixpath
 import struct
 import time
@@ -50,7 +51,7 @@ import numpy as np
 from topics.engine.index import LOC_HOLE, SlotArray
 from topics.engine.topic import CHUNK_BASE, Topic
 from topics.errors import TopicsError
-from topics.storage.frame import encode_segment_record
+from topics.storage.frame import FrameBuf, encode_segment_record
 from topics.storage.fs import Fs, RealFs
 from topics.storage.meta import capture_meta
 from topics.storage.segment import SegmentWriter, segment_blob, segment_paths
@@ -130,7 +131,7 @@ class _Plan:
     store: TopicStore
     first: int  # first seq to write
     rows: SlotArray  # slots first .. first + len - 1 (a copy)
-    chunks: dict[int, bytes]
+    chunks: dict[int, bytes | FrameBuf]
     flips: list[int]
     drop_below: int
 
@@ -439,7 +440,7 @@ class Checkpointer:
         if store is None:
             store = self.stores[tid] = TopicStore.create(self.fs, self.data_dir, tid, self.cold_dir)
         rows = np.zeros(0, dtype=t.index.view().dtype)
-        chunks: dict[int, bytes] = {}
+        chunks: dict[int, bytes | FrameBuf] = {}
         if writes:
             idx = t.index
             rows = idx.window(first - idx.base_seq, last - first + 1).copy()
@@ -456,7 +457,9 @@ class Checkpointer:
                     continue
                 src = t.sources.get(loc)
                 buf = getattr(src, "buf", None)
-                if loc < CHUNK_BASE or not isinstance(buf, bytes):
+                # A write's frames are bytes, or (laid out ahead of staging) a
+                # bytearray or an anonymous mmap; recovered ones are bytes.
+                if loc < CHUNK_BASE or not isinstance(buf, bytes | bytearray | mmap.mmap):
                     raise CheckpointFailed(f"topic {t.name}: seq slot points at {loc:#x}")
                 chunks[loc] = buf
             t.ckpt_claim = last

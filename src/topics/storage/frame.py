@@ -45,9 +45,10 @@ fit its width or a string is not encodable as UTF-8.
 
 from __future__ import annotations
 
+import mmap
 import struct
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgpack
@@ -108,6 +109,10 @@ __all__ = [
     "encode_append",
     "encode_appends",
     "encode_batch",
+    "BatchLayout",
+    "FrameBuf",
+    "layout_batch",
+    "seal_batch",
     "encode_control",
     "decode_frame",
     "iter_frames",
@@ -515,6 +520,166 @@ def encode_batch(
     except UnicodeEncodeError:
         raise FrameError("node/tag is not encodable as UTF-8") from None
     return join(parts), sizes
+
+
+#: A laid-out batch's frames: an anonymous mmap for a large batch (its pages are
+#: only touched, so zero-filled, as the frames are written into them), else a
+#: bytearray.
+FrameBuf = bytearray | mmap.mmap
+
+#: Batches of at least this many bytes are laid out in an anonymous mmap.
+LAYOUT_MMAP_BYTES = 1 << 20
+#: :func:`layout_batch` yields after writing about this many bytes of frames...
+LAYOUT_STEP_BYTES = 1 << 20
+#: ... and after sizing this many records.
+LAYOUT_STEP_RECORDS = 2048
+
+# flags, topic_id, seq, ts: the header fields :func:`seal_batch` fills in (offset 5).
+_SEAL = struct.Struct("<BQQQ")
+_SEAL_AT = 5
+
+
+@dataclass(eq=False, slots=True)
+class BatchLayout:
+    """A write's Append frames laid out before its seqs are known (:func:`layout_batch`).
+
+    `buf` holds the frames back to back with `frame_len`, `type`, the three
+    lengths, node, tag and payload in place; `flags`, `topic_id`, `seq`, `ts`
+    and the checksum are zero until :func:`seal_batch` fills them in. `sizes[i]`
+    is frame i's whole size in bytes, `flags[i]` its has_tag/has_node/has_meta
+    bits. `records` is the sequence it was laid out from; `sealed` is set once
+    :func:`seal_batch` has used it (a layout is sealed at most once).
+    """
+
+    records: Sequence[NewRecord]
+    buf: FrameBuf
+    sizes: list[int]
+    flags: list[int]
+    sealed: bool = field(default=False)
+
+
+def layout_batch(
+    records: Sequence[NewRecord],
+    *,
+    step_bytes: int = LAYOUT_STEP_BYTES,
+    step_records: int = LAYOUT_STEP_RECORDS,
+) -> Generator[None, None, BatchLayout]:
+    """Lay out the Append frames of `records` a piece at a time, before staging.
+
+    A generator: it yields after sizing every `step_records` records and after
+    writing about every `step_bytes` bytes of frames, so the caller can let
+    other work run, and returns the :class:`BatchLayout`. Only the records'
+    fields are read (a pure function of them: nothing about the topic, the
+    seqs or the time is needed). `buf` is written once, in place: no joined
+    copy of the frames is ever made. :func:`seal_batch` then turns it into the
+    exact bytes :func:`encode_batch` returns.
+
+    Raises FrameError (nothing is returned) when a node or tag is not
+    encodable as UTF-8 or a length does not fit its field.
+    """
+    records = list(records) if not isinstance(records, list) else records
+    hs, crc = HEADER.size, _CRC
+    sizes: list[int] = []
+    flags: list[int] = []
+    total = 0
+    last_node: str | None = None
+    last_nb = b""
+    try:
+        for i, r in enumerate(records):
+            data, meta, node, tag = r[0], r[1], r[2], r[3]
+            f = 0
+            nl = 0
+            if node is not None:
+                f = F_HAS_NODE
+                if node is not last_node:
+                    last_nb = node.encode()
+                    last_node = node
+                nl = len(last_nb)
+            tl = 0
+            if tag is not None:
+                f |= F_HAS_TAG
+                tl = len(tag.encode())
+            dl = len(data)
+            if meta is not None:
+                f |= F_HAS_META
+                dl += 4 + len(meta)
+            size = hs + nl + tl + dl + crc
+            sizes.append(size)
+            flags.append(f)
+            total += size
+            if i % step_records == step_records - 1:
+                yield
+    except UnicodeEncodeError:
+        raise FrameError("node/tag is not encodable as UTF-8") from None
+    buf: FrameBuf = mmap.mmap(-1, total) if total >= LAYOUT_MMAP_BYTES else bytearray(total)
+    pack_head, pack_u32 = HEADER.pack_into, _U32.pack_into
+    o = 0
+    since = 0
+    try:
+        for r, size in zip(records, sizes, strict=True):
+            data, meta, node, tag = r[0], r[1], r[2], r[3]
+            nb = b"" if node is None else (last_nb if node is last_node else node.encode())
+            if node is not None:
+                last_node, last_nb = node, nb
+            tb = b"" if tag is None else tag.encode()
+            nl, tl = len(nb), len(tb)
+            p = o + hs
+            # frame_len, type and the lengths; flags, topic_id, seq, ts stay 0 for now.
+            pack_head(buf, o, size - 4, APPEND, 0, 0, 0, 0, nl, tl, size - hs - nl - tl - crc)
+            if nl:
+                buf[p : p + nl] = nb
+                p += nl
+            if tl:
+                buf[p : p + tl] = tb
+                p += tl
+            if meta is not None:
+                ml = len(meta)
+                pack_u32(buf, p, ml)
+                p += 4
+                buf[p : p + ml] = meta
+                p += ml
+            buf[p : p + len(data)] = data
+            o += size
+            since += size
+            if since >= step_bytes:
+                since = 0
+                yield
+    except struct.error as e:
+        raise FrameError(f"frame field out of range: {e}") from None
+    return BatchLayout(records, buf, sizes, flags)
+
+
+def seal_batch(
+    layout: BatchLayout, topic_id: int, first_seq: int, ts: int, durable: bool
+) -> FrameBuf:
+    """Fill in a layout's flags, topic id, seqs, ts and checksums, in place; returns its buffer.
+
+    Seqs are `first_seq, first_seq + 1, ...`, all at `ts` (ms); every frame but
+    the last carries the more-of-this-write flag, as :func:`encode_batch` does,
+    whose bytes the result then equals. Marks the layout `sealed` first.
+    Raises FrameError when the layout was sealed already or a value does not
+    fit its u64 field.
+    """
+    if layout.sealed:
+        raise FrameError("this batch layout was sealed already")
+    layout.sealed = True
+    buf, sizes, flags = layout.buf, layout.sizes, layout.flags
+    base = F_DURABLE if durable else 0
+    more = base | F_BATCH_MORE
+    last = len(sizes) - 1
+    pack, pack_crc, xx = _SEAL.pack_into, CHECKSUM.pack_into, checksum
+    o = 0
+    try:
+        with memoryview(buf) as mv:
+            for i, size in enumerate(sizes):
+                end = o + size - _CRC
+                fl = flags[i] | (more if i != last else base)
+                pack(buf, o + _SEAL_AT, fl, topic_id, first_seq + i, ts)
+                pack_crc(buf, end, xx(mv[o + 4 : end]))
+                o = end + _CRC
+    except struct.error as e:
+        raise FrameError(f"frame field out of range: {e}") from None
+    return buf
 
 
 def encode_control(

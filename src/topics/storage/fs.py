@@ -8,15 +8,22 @@ descriptors (`os.open`, `os.pwrite`, `os.pread`, `os.fdatasync`), atomic
 
 `File.pwrite` returns the number of bytes written, exactly like `pwrite(2)`: a
 short write is possible and callers that need all-or-nothing must loop
-(:func:`write_all`).
+(:func:`write_all`). It takes any bytes-like object (:data:`Data`) and must not
+keep a reference to it after returning (the caller's buffer is handed over
+without a copy).
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 from typing import Protocol
 
-__all__ = ["Fs", "File", "RealFs", "RealFile", "write_all"]
+__all__ = ["Fs", "File", "RealFs", "RealFile", "Data", "write_all"]
+
+#: What may be written: bytes, or a buffer handed over without copying it (a
+#: memoryview slice, a bytearray, an anonymous mmap holding frames).
+Data = bytes | bytearray | memoryview | mmap.mmap
 
 
 class File(Protocol):
@@ -26,7 +33,7 @@ class File(Protocol):
         """Read up to `size` bytes at `offset` (fewer at EOF)."""
         ...
 
-    def pwrite(self, data: bytes, offset: int) -> int:
+    def pwrite(self, data: Data, offset: int) -> int:
         """Write at `offset`; returns how many bytes were written (may be short)."""
         ...
 
@@ -83,7 +90,7 @@ class RealFile:
     def pread(self, size: int, offset: int) -> bytes:
         return os.pread(self.fd, size, offset)
 
-    def pwrite(self, data: bytes, offset: int) -> int:
+    def pwrite(self, data: Data, offset: int) -> int:
         return os.pwrite(self.fd, data, offset)
 
     def fdatasync(self) -> None:
@@ -140,15 +147,18 @@ class RealFs:
             os.close(fd)
 
 
-def write_all(f: File, data: bytes, offset: int) -> None:
+def write_all(f: File, data: Data, offset: int) -> None:
     """Write every byte of `data` at `offset`, looping over short writes.
 
-    Raises OSError from the underlying write; a zero-byte write is reported as
-    `OSError(EIO)` so a stuck device cannot spin forever.
+    `data` is handed to `f.pwrite` as a memoryview (the rest of it after a
+    short write): it is never copied, so writing 60 MiB of frames costs no
+    second 60 MiB (docs/HTTP_INPUT.md "Large bodies"). Raises OSError from the
+    underlying write; a zero-byte write is reported as `OSError(EIO)` so a
+    stuck device cannot spin forever.
     """
     view = memoryview(data)
     while view:
-        n = f.pwrite(bytes(view), offset)
+        n = f.pwrite(view, offset)
         if n <= 0:
             import errno
 

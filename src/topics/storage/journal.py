@@ -47,7 +47,7 @@ from topics.storage.frame import (
     TOPIC_DELETE,
     encode_control,
 )
-from topics.storage.fs import Fs
+from topics.storage.fs import Data, Fs
 from topics.storage.wal import WalDiskFull, WalEntry, WalFull, WalMetrics, WalReadOnly, WalShard
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ class WalJournal:
         # Early-acked (disk/memory) frames gathered during one loop iteration, per
         # shard: handed to the writer as one entry, so a burst of requests costs one
         # thread wake-up and one pwrite instead of one each.
-        self._coalesce: dict[int, list[bytes]] = {}
+        self._coalesce: dict[int, list[Data]] = {}
         self._coalesce_frames: dict[int, int] = {}
         self._flush_scheduled = False
         self._prereserving: set[int] = set()
@@ -183,12 +183,17 @@ class WalJournal:
             )
         frames = len(pw.records)
         sync = cls == "fsync"
+        more: tuple[Data, ...] = ()
         reserved_before = self.reserved.get(t.topic_id, 0)
         if cls == "disk" and pw.last_seq > reserved_before:
             # Seqs of a disk topic are never reused after a crash: before publishing
-            # past the durable reservation, fsync a new one 256 seqs ahead.
+            # past the durable reservation, fsync a new one 256 seqs ahead. It is
+            # logged right after the batch in the same entry (written and synced
+            # with it), as a part of its own: the batch's frames are not copied.
             res = pw.last_seq + HEAD_RESERVATION
-            data += encode_control(HEAD_WATERMARK, t.topic_id, {}, seq=res, ts=pw.ts, durable=True)
+            more = (
+                encode_control(HEAD_WATERMARK, t.topic_id, {}, seq=res, ts=pw.ts, durable=True),
+            )
             frames += 1
             sync = True
             self.reserved[t.topic_id] = res
@@ -228,7 +233,7 @@ class WalJournal:
             loop.call_soon_threadsafe(self._write_done, pw, ok, fsync_ms, reserved_before)
 
         try:
-            self._submit(self._shard(t.topic_id), WalEntry(data, frames, sync, done))
+            self._submit(self._shard(t.topic_id), WalEntry(data, frames, sync, done, more=more))
         except TopicsError:
             self.reserved[t.topic_id] = reserved_before
             raise
@@ -283,7 +288,7 @@ class WalJournal:
         for si, chunks in pending.items():
             shard = self.shards[si]
             # Entries never span WAL files: group the chunks into entries that fit one.
-            groups: list[list[bytes]] = [[]]
+            groups: list[list[Data]] = [[]]
             size = 0
             for c in chunks:
                 if groups[-1] and size + len(c) > shard.capacity:
@@ -293,11 +298,15 @@ class WalJournal:
                 size += len(c)
             n_frames = counts[si]
             for g in groups:
-                data = b"".join(g) if len(g) > 1 else g[0]
                 # Frame counts only feed the shard's frame index; give the rest to the last.
-                frames = _count_frames(data) if len(groups) > 1 else n_frames
+                frames = sum(_count_frames(c) for c in g) if len(groups) > 1 else n_frames
+                # The chunks stay apart (no joined copy here, on the loop): the writer
+                # joins the small ones and writes a large one from its own buffer.
+                entry = WalEntry(
+                    g[0], frames, False, _log_failure, acked_early=True, more=tuple(g[1:])
+                )
                 try:
-                    shard.submit(WalEntry(data, frames, False, _log_failure, acked_early=True))
+                    shard.submit(entry)
                 except (WalFull, WalReadOnly) as exc:
                     # Already acknowledged: the shard must not carry on past this hole.
                     shard.latch(f"could not queue acknowledged frames: {exc!r}")
@@ -552,7 +561,7 @@ def _disk_full() -> TopicsError:
     )
 
 
-def _count_frames(data: bytes) -> int:
+def _count_frames(data: Data) -> int:
     """Number of frames in a run of well-formed frames (length prefixes only)."""
     n = 0
     off = 0

@@ -896,7 +896,7 @@ class SegmentReader:
 
 
 def segment_blob(
-    bufs: Sequence[bytes],
+    bufs: Sequence[bytes | bytearray | mmap.mmap],
     which: npt.NDArray[Any],
     offs: npt.NDArray[Any],
     lens: npt.NDArray[Any],

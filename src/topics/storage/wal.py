@@ -11,7 +11,9 @@ Layout of a shard directory (seed: WAL & group commit, on-disk layout)::
 Invariants:
 
 * Bytes are written in submission order by one writer thread; a batch is one
-  `pwrite` (many frames) and, when any member needs it, one `fdatasync`.
+  `pwrite` (many frames; a part of 1 MiB or more, such as a large write's
+  frames, gets a `pwrite` of its own, from its own buffer) and, when any
+  member needs it, one `fdatasync`.
 * A member is acknowledged only after its class's commit point: `sync=True`
   members after the `fdatasync` returned, others after the write. A lone
   submission is written at once (no waiting window); under load, everything
@@ -62,7 +64,7 @@ from topics.storage.frame import (
     find_next_frame,
     scan_columns,
 )
-from topics.storage.fs import File, Fs, write_all, write_file
+from topics.storage.fs import Data, File, Fs, write_all, write_file
 
 __all__ = [
     "WalShard",
@@ -86,6 +88,9 @@ DEFAULT_FILE_BYTES = 64 * 1024 * 1024
 DEFAULT_QUEUE_MAX = 4096
 DEFAULT_SYNC_INTERVAL_S = 0.005
 MAX_BATCH_BYTES = 8 * 1024 * 1024
+#: Parts of a write under this size are joined into one pwrite; larger ones are
+#: written from their own buffer.
+JOIN_MAX_BYTES = 1 << 20
 _ZERO_CHUNK = bytes(1 << 20)
 # The largest SyncMark frame: room for one is kept free at the end of every file.
 _MARK_ROOM = len(encode_control(SYNC_MARK, 0, {"synced": (1 << 64) - 1}))
@@ -142,7 +147,7 @@ class WalEntry:
     the entry did not wait for a sync).
     """
 
-    data: bytes
+    data: Data
     frames: int
     sync: bool
     done: Callable[[WalEntry, bool, float], None]
@@ -156,6 +161,15 @@ class WalEntry:
     # if writing it fails, the shard latches read-only rather than carry on past
     # a hole in acknowledged data.
     acked_early: bool = False
+    # More bytes of the entry, written right after `data` (a disk write's head
+    # reservation after its frames, early-acked frames gathered in one loop
+    # iteration): kept as they are, so no one copies a large batch to join them.
+    more: tuple[Data, ...] = ()
+    # len(data) + the lengths of `more`: the bytes the entry takes in the log.
+    size: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        self.size = len(self.data) + sum(len(b) for b in self.more)
 
 
 @dataclass
@@ -892,7 +906,7 @@ class WalShard:
                     stopping = True
                 else:
                     batch.append(item)
-                    size += len(item.data)
+                    size += item.size
                 if size >= MAX_BATCH_BYTES:
                     break
                 try:
@@ -1060,8 +1074,8 @@ class WalShard:
             room = min(self.capacity, self._size - _MARK_ROOM) - self._offset
             j = i
             size = 0
-            while j < len(batch) and size + len(batch[j].data) <= room:
-                size += len(batch[j].data)
+            while j < len(batch) and size + batch[j].size <= room:
+                size += batch[j].size
                 j += 1
             if j == i:
                 if self._offset == 0:
@@ -1130,12 +1144,16 @@ class WalShard:
                 log.exception("wal completion callback failed")
 
     def _write_chunk(self, chunk: list[WalEntry], size: int) -> bool:
-        """One pwrite of whole entries at the tail; False (entries marked) on failure."""
+        """Write whole entries at the tail; False (entries marked) on failure.
+
+        Small entries go out joined in one pwrite; a large buffer is written from
+        where it is, never copied (:func:`_write_parts`).
+        """
         assert self._file is not None
-        data = b"".join([e.data for e in chunk]) if len(chunk) > 1 else chunk[0].data
+        parts = [b for e in chunk for b in (e.data, *e.more)]
         start = self._offset
         try:
-            write_all(self._file, data, start)
+            _write_parts(self._file, parts, start)
         except OSError as exc:
             log.error("wal %s: write failed at %d: %s", self.dir, start, exc)
             for e in chunk:
@@ -1160,7 +1178,7 @@ class WalShard:
             e.file = self._file_name
             e.offset = off
             index += e.frames
-            off += len(e.data)
+            off += e.size
         self._next_index = index
         self.metrics.frames += sum(e.frames for e in chunk)
         self.metrics.bytes_written += size
@@ -1228,6 +1246,34 @@ class WalShard:
     def position(self) -> tuple[str, int, int]:
         """(active file, byte offset of the tail, next frame index)."""
         return self._file_name, self._offset, self._next_index
+
+
+def _write_parts(f: File, parts: list[Data], offset: int) -> None:
+    """Write `parts` back to back from `offset`.
+
+    Runs of parts under :data:`JOIN_MAX_BYTES` are joined into one pwrite (many
+    small entries: one syscall); a larger part is written as it is, so a big
+    batch is never copied. Raises OSError from the writes (part of the bytes
+    may have landed: the caller clears the whole range).
+    """
+    if len(parts) == 1:
+        write_all(f, parts[0], offset)
+        return
+    run: list[Data] = []
+    run_bytes = 0
+    for p in parts:
+        if len(p) < JOIN_MAX_BYTES:
+            run.append(p)
+            run_bytes += len(p)
+            continue
+        if run:
+            write_all(f, run[0] if len(run) == 1 else b"".join(run), offset)
+            offset += run_bytes
+            run, run_bytes = [], 0
+        write_all(f, p, offset)
+        offset += len(p)
+    if run:
+        write_all(f, run[0] if len(run) == 1 else b"".join(run), offset)
 
 
 def prune_files(fs: Fs, d: str, before: WalPosition, keep: str = "") -> list[str]:
