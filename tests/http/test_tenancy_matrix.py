@@ -27,6 +27,9 @@ from tests.support.process import ServerProcess
 
 from topics.http.app import TopicsApp
 
+# Real sockets, every endpoint twice: the full tier (about 8 s).
+pytestmark = pytest.mark.slow
+
 KEYS = "root,ten::t1."
 ROOT = {"authorization": "Bearer root"}
 TEN = {"authorization": "Bearer ten"}
