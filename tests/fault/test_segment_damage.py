@@ -14,6 +14,7 @@ interrupted checkpoint) is still removed as before.
 from __future__ import annotations
 
 import posixpath
+import struct
 from collections.abc import Callable
 
 import pytest
@@ -83,7 +84,32 @@ CASES: dict[str, Callable[[str, int], Callable[[FakeDisk], None]]] = {
     "idx-short": lambda d, f: _truncate(_seg(d, f, "idx"), 20 * 3 + 7),
     "idx-mismatch": lambda d, f: _poke_idx_len(_seg(d, f, "idx")),
     "active-idx-short": lambda d, f: _truncate(_seg(d, 1 + 3 * SEG, "idx"), 20),
+    "both-missing": lambda d, f: _both(_remove(_seg(d, f, "data")), _remove(_seg(d, f, "idx"))),
+    "both-cut-together": lambda d, f: _cut_together(d, f, 3),
 }
+
+
+def _cut_together(d: str, first: int, keep: int) -> Callable[[FakeDisk], None]:
+    """Cut `.idx` to `keep` entries and `.data` to exactly their frames: each file
+    alone still looks whole, only the snapshot's record of the count tells."""
+
+    def act(disk: FakeDisk) -> None:
+        raw = disk.snapshot_durable()[_seg(d, first, "idx")]
+        off, ln = struct.unpack_from("<II", raw, 20 * (keep - 1))
+        _truncate(_seg(d, first, "idx"), 20 * keep)(disk)
+        _truncate(_seg(d, first, "data"), off + ln)(disk)
+
+    return act
+
+
+def _both(
+    a: Callable[[FakeDisk], None], b: Callable[[FakeDisk], None]
+) -> Callable[[FakeDisk], None]:
+    def act(disk: FakeDisk) -> None:
+        a(disk)
+        b(disk)
+
+    return act
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -503,6 +503,15 @@ class Checkpointer:
             if st is not None and st.writer is not None:
                 st.writer.close()
             self._gone_pending.append(tid)
+        # The snapshot lists the hot segments it relies on (docs/FORMATS.md,
+        # "Segments the snapshot relies on"), as they are after this cycle's writes.
+        for m in meta.get("topics") or []:
+            st = self.stores.get(int(m["id"]))
+            m["segs"] = (
+                [[g.first_seq, g.count] for g in st.segs if g.tier is Tier.HOT and g.count]
+                if st is not None
+                else []
+            )
         try:
             n = next_snapshot_number(fs, self.meta_dir)
             write_snapshot(fs, self.meta_dir, n, meta)

@@ -22,7 +22,9 @@ event loop (SEMANTICS §17 "Snapshots"; seed 0 "Metadata snapshots")::
     ckpt (last seq in a segment), count, bytes, reserved (disk-class durable
     head reservation, 0 = exact), queue (lease projection of a
     `leases_durable` queue, or null), lost (seq ranges `[[first, last], ...]`
-    that `topics repair` recorded as destroyed by damage)
+    that `topics repair` recorded as destroyed by damage), segs (`[[first seq,
+    entries], ...]` of the hot segments the snapshot relies on, added by the
+    checkpointer when it writes the snapshot)
 
 Replay from the recorded positions applies only frames logged after the
 capture; the few frame kinds that are not naturally idempotent on a state that

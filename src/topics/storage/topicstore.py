@@ -37,7 +37,7 @@ from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -438,9 +438,18 @@ class SegmentDamage(OSError):
         )
 
 
-def published_upto(m: dict[str, Any]) -> tuple[int, int]:
-    """`(last, floor)` for the snapshot topic map `m`: the segments it relies on hold
-    every seq above `floor` up to `last`.
+class Published(NamedTuple):
+    """What a snapshot's topic map says its segments hold (see :func:`published_upto`)."""
+
+    last: int  # every seq above `floor` up to here is in a segment
+    floor: int
+    segs: tuple[tuple[int, int], ...]  # (first seq, entries) of each hot segment it lists
+
+
+def published_upto(m: dict[str, Any]) -> Published:
+    """What the snapshot topic map `m` relies on: the segments hold every seq above
+    `floor` up to `last`, and (snapshots that list them) exactly the hot segments
+    in `segs`, each with at least that many entries.
 
     A checkpoint captures the snapshot body and, from the same instant, writes
     every record up to the captured head into segments before the snapshot is
@@ -454,9 +463,10 @@ def published_upto(m: dict[str, Any]) -> tuple[int, int]:
         int(m.get("l_trim", 0)),
         int(m.get("delete_below", 0)) - 1,
     )
+    segs = tuple((int(a), int(b)) for a, b in m.get("segs") or [])
     if (m.get("config") or {}).get("durability") == "ephemeral":
-        return ckpt, floor
-    return max(ckpt, int(m.get("head", 0))), floor
+        return Published(ckpt, floor, segs)
+    return Published(max(ckpt, int(m.get("head", 0))), floor, segs)
 
 
 def _first_of(path: str) -> int:
@@ -467,7 +477,7 @@ def check_published(
     fs: Fs,
     d: str,
     topic_id: int,
-    published: tuple[int, int] | None,
+    published: Published | None,
     listed: list[int],
     strays: list[str],
     lost: Sequence[tuple[int, int]] = (),
@@ -485,7 +495,7 @@ def check_published(
     """
     if published is None:
         return
-    ckpt, floor = published
+    ckpt, floor, recorded = published
     problems: list[str] = []
     ranges: list[tuple[int, int]] = []
     starts = sorted([*listed, *(_first_of(p) for p in strays)])
@@ -554,6 +564,27 @@ def check_published(
                 f"{paths.data} ({data_size} bytes) {why} (seqs {first}..{first + len(e) - 1})"
             )
             ranges.append((first, first + len(e) - 1))
+    # The snapshot's own list of its segments: each must be there, whole, with at
+    # least the entries it had (nothing else can tell a whole segment that is gone,
+    # or an .idx and .data cut back together).
+    for first, count in recorded:
+        if count <= 0 or any(a <= first + count - 1 and first <= b for a, b in ranges):
+            continue  # already reported
+        paths = segment_paths(d, first)
+        if first not in listed:
+            problems.append(
+                f"{paths.data}: the segment (seqs {first}..{first + count - 1}) the snapshot "
+                "lists is gone"
+            )
+            ranges.append((first, first + count - 1))
+            continue
+        have = _file_size(fs, paths.idx) // IDX_ENTRY_SIZE
+        if have < count:
+            problems.append(
+                f"{paths.idx}: {have} entries, the snapshot recorded {count} "
+                f"(seqs {first + have}..{first + count - 1} are missing)"
+            )
+            ranges.append((first + have, first + count - 1))
     keep = [
         (p, r)
         for p, r in zip(problems, ranges, strict=True)
@@ -569,7 +600,7 @@ def load_topic(
     topic_id: int,
     cold_root: str | None = None,
     *,
-    published: tuple[int, int] | None = None,
+    published: Published | None = None,
 ) -> LoadedTopic:
     """Load the segments of topic instance `topic_id` under data dir `root`.
 
