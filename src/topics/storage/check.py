@@ -69,7 +69,7 @@ from topics.storage.frame import (
     decode_segment_frame,
 )
 from topics.storage.fs import Fs
-from topics.storage.recovery import lost_ranges
+from topics.storage.recovery import cold_firsts, lost_ranges
 from topics.storage.segment import IDX_ENTRY_SIZE, SegmentPaths, scan_segments, topic_dir
 from topics.storage.snapshot import SnapshotInvalid, decode_snapshot, list_snapshots
 from topics.storage.topicstore import SegmentDamage, check_published, published_upto
@@ -730,7 +730,7 @@ def check(
     for tid, d, sealed, _n in topics:
         _check_topic(fs, report, tid, d, sealed, tick)
     _check_snapshots(fs, report, meta, snaps, tick)
-    _check_published(fs, report, data_dir, snaps, wal.scans)
+    _check_published(fs, report, data_dir, snaps, wal.scans, cold_dir)
     return report
 
 
@@ -751,6 +751,7 @@ def _check_published(
     data_dir: str,
     snaps: list[tuple[int, str]],
     scans: list[ShardScan],
+    cold_dir: str | None = None,
 ) -> None:
     """Segments the newest snapshot relies on, checked as recovery checks them."""
     body = _newest_valid(fs, snaps)
@@ -770,6 +771,7 @@ def _check_published(
                 [first for first, _p in segs.segments],
                 segs.strays,
                 lost.get(tid, []),
+                cold_firsts(fs, cold_dir, tid),
             )
         except SegmentDamage as exc:
             for problem, (a, b) in zip(exc.problems, exc.ranges, strict=True):

@@ -194,7 +194,12 @@ def _scan_all(
 
 
 def _check_segments(
-    fs: Fs, data_dir: str, ids: list[int], body: dict[str, Any] | None, scans: list[ShardScan]
+    fs: Fs,
+    data_dir: str,
+    ids: list[int],
+    body: dict[str, Any] | None,
+    scans: list[ShardScan],
+    cold_dir: str | None = None,
 ) -> list[SegmentDamage]:
     """Every damaged segment `body` relies on (read-only), one error per topic."""
     ckpts = {int(m["id"]): published_upto(m) for m in (body or {}).get("topics") or []}
@@ -212,6 +217,7 @@ def _check_segments(
                 [first for first, _p in segs.segments],
                 segs.strays,
                 lost.get(tid, []),
+                cold_firsts(fs, cold_dir, tid),
             )
         except SegmentDamage as exc:
             out.append(exc)
@@ -224,6 +230,13 @@ def _segment_starts(fs: Fs, d: str) -> list[int]:
         {first for first, _p in segs.segments}
         | {int(posixpath.basename(p)[4:20]) for p in segs.strays}
     )
+
+
+def cold_firsts(fs: Fs, cold_dir: str | None, tid: int) -> list[int]:
+    """First seqs of the whole segments topic `tid` has in the cold tier."""
+    if not cold_dir:
+        return []
+    return [first for first, _p in scan_segments(fs, topic_dir(cold_dir, tid)).segments]
 
 
 def _rebuild_plan(
@@ -323,7 +336,7 @@ def load_data_dir(
     ids = sorted(
         set(topic_ids(fs, data_dir)) | (set(topic_ids(fs, cold_dir)) if cold_dir else set())
     )
-    damaged = _check_segments(fs, data_dir, ids, body, scans)
+    damaged = _check_segments(fs, data_dir, ids, body, scans, cold_dir)
     if damaged:
         older = [x for x in load_valid(fs, meta) if x[0] < snap_n]
         fb = older[0] if older else None
@@ -336,7 +349,7 @@ def load_data_dir(
         _set_aside(fs, data_dir, plan, damaged, int(body.get("taken_ms", 0)) if body else 0)
         snap_n, body = fb
         scans, leftovers = fb_scans, fb_left
-        again = _check_segments(fs, data_dir, ids, body, scans)
+        again = _check_segments(fs, data_dir, ids, body, scans, cold_dir)
         if again:
             raise again[0]
     try:

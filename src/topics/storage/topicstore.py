@@ -481,6 +481,7 @@ def check_published(
     listed: list[int],
     strays: list[str],
     lost: Sequence[tuple[int, int]] = (),
+    elsewhere: Sequence[int] = (),
 ) -> None:
     """Refuse (:class:`SegmentDamage`) when a segment the snapshot relies on is damaged.
 
@@ -489,7 +490,9 @@ def check_published(
     segment starting at or below its last seq was published. Checked, reading only: a published
     half without its partner; a sealed `.idx` that is not whole entries or whose
     entries do not tile `.data` exactly; the newest segment's entries up to
-    `ckpt` not whole or pointing past `.data`. Damage wholly inside `lost`
+    `ckpt` not whole or pointing past `.data`; a segment the snapshot lists
+    missing or with fewer entries than it recorded. Segments whole in another
+    tier (`elsewhere`: their first seqs) count as present. Damage wholly inside `lost`
     (seq ranges `topics repair` already recorded as lost) is not raised again.
     Raises OSError from the fs.
     """
@@ -571,6 +574,8 @@ def check_published(
         if count <= 0 or any(a <= first + count - 1 and first <= b for a, b in ranges):
             continue  # already reported
         paths = segment_paths(d, first)
+        if first in elsewhere and first not in listed:
+            continue  # whole in the cold tier
         if first not in listed:
             problems.append(
                 f"{paths.data}: the segment (seqs {first}..{first + count - 1}) the snapshot "
