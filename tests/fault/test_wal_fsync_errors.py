@@ -34,6 +34,8 @@ def _setup(mode: str) -> tuple[FakeDisk, FaultFs, Durable]:
     assert h.shard_index("a") != h.shard_index("b")
     assert h.write("a", make_records("a-ok", 2)).ok
     assert h.write("b", make_records("b-ok", 1)).ok
+    # Sync the SyncMarks those writes left, so the next fdatasync is the next write's.
+    assert h.settle(sync=True)
     fault.fail(
         "fdatasync",
         1,

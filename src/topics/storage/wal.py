@@ -927,6 +927,8 @@ class WalShard:
                         self.dir,
                         len(self._retained),
                     )
+                if self._offset > self._synced_offset:
+                    self._dirty = True  # a SyncMark (or anything) not synced yet
                 if self._dirty and not self.read_only:
                     self._background_sync()
                 return
@@ -950,8 +952,9 @@ class WalShard:
         """Append a SyncMark saying the active file is durable up to `_synced_offset`.
 
         Only when bytes past the previous mark became durable; the mark itself is
-        made durable by the next sync (a torn mark only loses the mark). A failed
-        write is cleared like a failed batch and is otherwise harmless.
+        made durable by the next sync or the kernel's writeback, never by a sync of
+        its own (a torn mark only loses the mark). A failed write is cleared like
+        a failed batch and is otherwise harmless.
         """
         f = self._file
         if f is None or self.read_only or self._synced_offset <= self._mark_end:
@@ -977,7 +980,8 @@ class WalShard:
         self._offset = start + len(data)
         self._mark_end = self._offset
         self._next_index += 1
-        self._dirty = True
+        # Not marked dirty: the mark rides along with the next sync (or the kernel's
+        # own writeback), so an idle shard pays no extra fdatasync for it.
         self.metrics.sync_marks += 1
 
     def latch(self, why: str) -> None:
