@@ -34,7 +34,8 @@ import numpy as np
 import orjson
 from tqdm import tqdm
 
-from topics.engine.index import DELETED, IDX_ENTRY_DTYPE
+from topics.format.frame import APPEND, TYPE_NAMES, Frame, FrameError, decode_segment_frame
+from topics.format.idx import DELETED, IDX_ENTRY_DTYPE
 from topics.storage.check import (
     CORRUPT,
     INFO,
@@ -45,7 +46,6 @@ from topics.storage.check import (
     list_topic_dirs,
     read_file,
 )
-from topics.storage.frame import APPEND, TYPE_NAMES, Frame, FrameError, decode_segment_frame
 from topics.storage.fs import Fs, RealFs
 from topics.storage.segment import IDX_ENTRY_SIZE, scan_segments
 from topics.storage.wal import scan_shard

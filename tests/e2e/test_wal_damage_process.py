@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 
 from tests.support.process import ServerProcess
-from topics.storage.frame import APPEND
+from topics.format.frame import APPEND
 from topics.storage.fs import RealFs
 from topics.storage.wal import scan_shard
 

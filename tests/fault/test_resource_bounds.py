@@ -33,8 +33,8 @@ from typing import Any
 import pytest
 
 from tests.support.realstore import RealStore, open_fds, proc_status_kib
+from topics.format.frame import encode_segment_record
 from topics.storage.checkpoint import CheckpointConfig
-from topics.storage.frame import encode_segment_record
 from topics.storage.fs import RealFs
 from topics.storage.segment import SegmentWriter, scan_segments, topic_dir
 from topics.storage.topicstore import (

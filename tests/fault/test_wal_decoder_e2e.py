@@ -26,7 +26,7 @@ from tests.support.durable import DATA_DIR, Durable, check_oracle, make_records
 from tests.support.fakedisk import FakeDisk
 from topics.clock import TestClock
 from topics.engine.core import DiffParams
-from topics.storage.frame import APPEND, Frame, encode_append
+from topics.format.frame import APPEND, Frame, encode_append
 from topics.storage.journal import shard_dirs
 from topics.storage.repair import apply_repair, plan_repair
 from topics.storage.wal import WalDamage, scan_shard

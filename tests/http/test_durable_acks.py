@@ -10,7 +10,7 @@ from tests.support.fakedisk import FakeDisk, FaultFs
 from tests.support.harness import Harness, assert_error
 
 from topics.engine.frames import Chunk
-from topics.storage.frame import APPEND
+from topics.format.frame import APPEND
 from topics.storage.journal import WalJournal, open_shards
 from topics.storage.wal import WalEntry, scan_shard
 

@@ -27,7 +27,7 @@ from tests.support.durable import DATA_DIR, Durable
 from tests.support.fakedisk import FakeDisk
 from topics.clock import TestClock
 from topics.engine.core import DiffParams
-from topics.storage.frame import APPEND, TOPIC_CREATE
+from topics.format.frame import APPEND, TOPIC_CREATE
 from topics.storage.journal import shard_dirs
 from topics.storage.repair import apply_repair, plan_repair
 from topics.storage.wal import WalDamage, scan_shard

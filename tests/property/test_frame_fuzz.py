@@ -19,8 +19,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from topics.storage import frame as F
-from topics.storage.frame import End, Frame, Torn
+from topics.format import frame as F
+from topics.format.frame import End, Frame, Torn
 
 N = int(os.environ.get("TOPICS_FUZZ_EXAMPLES", "0"))
 

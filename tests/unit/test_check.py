@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from topics.storage.check import CORRUPT, INFO, WARNING, check
-from topics.storage.frame import (
+from topics.format.frame import (
     DELETE,
     TOPIC_CREATE,
     encode_append,
     encode_control,
     encode_segment_record,
 )
+from topics.storage.check import CORRUPT, INFO, WARNING, check
 from topics.storage.fs import RealFs
 from topics.storage.segment import SegmentReader, SegmentWriter, segment_paths, topic_dir
 from topics.storage.snapshot import snapshot_name, write_snapshot
@@ -376,7 +376,7 @@ def test_later_file_without_frames_is_part_of_the_log(tmp_path: Path) -> None:
 
 def test_bad_control_payload_and_seq_regress(tmp_path: Path) -> None:
     dd = build_data_dir(tmp_path)
-    from topics.storage.frame import HEAD_WATERMARK, encode_frame
+    from topics.format.frame import HEAD_WATERMARK, encode_frame
 
     extra = [
         encode_frame(HEAD_WATERMARK, TOPIC, 5, 0, b"\xc1"),  # 0xc1 is never valid msgpack

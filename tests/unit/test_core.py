@@ -18,7 +18,7 @@ from topics.engine.journal import MemoryJournal
 from topics.engine.records import NewRecord
 from topics.engine.topic import PendingWrite
 from topics.errors import TopicsError
-from topics.storage.frame import encode_batch
+from topics.format.frame import encode_batch
 
 
 class DeferredJournal(MemoryJournal):

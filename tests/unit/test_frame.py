@@ -14,8 +14,8 @@ import pytest
 import xxhash
 
 from topics.engine.records import NewRecord
-from topics.storage import frame as F
-from topics.storage.frame import End, Frame, FrameError, Torn
+from topics.format import frame as F
+from topics.format.frame import End, Frame, FrameError, Torn
 
 TS = 1_700_000_000_123
 DATA = b'{"a":1,"b":"x"}'

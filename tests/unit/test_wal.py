@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from topics.storage.frame import APPEND, Frame, encode_append
+from topics.format.frame import APPEND, Frame, encode_append
 from topics.storage.fs import Data, RealFile, RealFs
 from topics.storage.wal import (
     JOIN_MAX_BYTES,

@@ -40,13 +40,13 @@ from topics.engine.topic import (
 )
 from topics.engine.topic_config import TopicConfig, parse_topic_config
 from topics.errors import TopicsError, bad_request, not_found_topic, throttled
-from topics.storage.frame import BatchLayout, FrameError, layout_batch
+from topics.format.frame import BatchLayout, FrameError, layout_batch
 
 if TYPE_CHECKING:
     from topics.engine.params import Predicate
     from topics.engine.queues import Queues
     from topics.engine.routers import RouterSet
-    from topics.storage.fs import Fs
+    from topics.fs import Fs
 
 __all__ = [
     "Engine",
@@ -425,7 +425,7 @@ class Engine:
         """Lay out a large write's frames before :meth:`begin_write`, a piece per step.
 
         A generator: it yields after each piece (about 1 MiB of frames, see
-        :func:`~topics.storage.frame.layout_batch`) so the caller can let the
+        :func:`~topics.format.frame.layout_batch`) so the caller can let the
         event loop run, and stores the layout in `req.layout`; :meth:`begin_write`
         then only seals it (seqs, ts, checksums) instead of encoding the whole
         batch in one step. It reads nothing but the records and changes no

@@ -24,7 +24,8 @@ from typing import Any, Protocol
 import orjson
 import xxhash
 
-from topics.engine.index import F_HAS_META, F_HAS_NODE, F_HAS_TAG, F_RECORD_MASK
+from topics.format.frame import SEG_HDR, WAL_HDR
+from topics.format.idx import F_HAS_META, F_HAS_NODE, F_HAS_TAG, F_RECORD_MASK
 
 __all__ = [
     "WAL_HDR",
@@ -40,9 +41,6 @@ __all__ = [
     "collect_fields",
 ]
 
-#: Header bytes before node/tag/payload: WAL frames carry a `type` byte, segment frames do not.
-WAL_HDR = 38
-SEG_HDR = 37
 
 _LENS = struct.Struct("<HHI")
 _FLAGS_BACK = 33  # the flags byte sits 33 bytes before the end of either header  # node_len, tag_len, data_len: the last 8 header bytes

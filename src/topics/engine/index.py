@@ -30,6 +30,16 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from topics.format.idx import (
+    DELETED,
+    F_DURABLE,
+    F_HAS_META,
+    F_HAS_NODE,
+    F_HAS_TAG,
+    F_RECORD_MASK,
+    IDX_ENTRY_DTYPE,
+)
+
 __all__ = [
     "SLOT_DTYPE",
     "IDX_ENTRY_DTYPE",
@@ -45,24 +55,12 @@ __all__ = [
     "NODE_UNKNOWN",
 ]
 
-F_HAS_TAG = 0x01
-F_HAS_NODE = 0x02
-F_DURABLE = 0x04
-F_HAS_META = 0x08
-#: Flags that change how a record renders (a frame without them is "plain").
-F_RECORD_MASK = F_HAS_TAG | F_HAS_NODE | F_HAS_META
-DELETED = 0xD5
 
 #: `loc` of a seq with no frame at all (always flagged DELETED).
 LOC_HOLE = 0xFFFFFFFF
 #: `node` of a slot whose frame has a node that was not read yet.
 NODE_UNKNOWN = 0xFFFFFFFF
 
-#: The on-disk `.idx` entry: 20 bytes, little-endian (segment seed).
-IDX_ENTRY_DTYPE = np.dtype(
-    [("offset", "<u4"), ("len", "<u4"), ("ts", "<u8"), ("flags", "u1"), ("pad", "V3")]
-)
-assert IDX_ENTRY_DTYPE.itemsize == 20
 
 #: The in-memory slot: the `.idx` fields plus location, hops, bytes and node id.
 SLOT_DTYPE = np.dtype(

@@ -46,7 +46,7 @@ from topics.engine.records import NewRecord, Payload
 from topics.engine.tags import TagIndex
 from topics.engine.topic_config import TopicConfig
 from topics.errors import TopicsError, bad_request
-from topics.storage.frame import BatchLayout, FrameBuf, FrameError, encode_batch, seal_batch
+from topics.format.frame import BatchLayout, FrameBuf, FrameError, encode_batch, seal_batch
 
 __all__ = ["Topic", "Totals", "NodeInterner", "PendingWrite", "ReadResult", "Tombstone"]
 
@@ -487,7 +487,7 @@ class Topic:
         """Assign contiguous seqs and a non-decreasing ts to a batch (not yet visible).
 
         Encodes the batch's WAL frames once: with `layout` (laid out from these
-        very `records` by :func:`~topics.storage.frame.layout_batch` and not
+        very `records` by :func:`~topics.format.frame.layout_batch` and not
         sealed yet) by sealing it in place, which is far less work than
         encoding; otherwise in one go. Raises `400 invalid_request` (nothing
         changed) when a node or tag cannot be encoded as UTF-8.

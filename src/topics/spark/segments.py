@@ -58,8 +58,9 @@ import pyarrow as pa
 import xxhash
 
 from topics.clock import SystemClock
-from topics.engine.frames import SEG_HDR, FrameCorrupt, check_frame
-from topics.engine.index import DELETED, F_HAS_META, F_HAS_NODE, F_HAS_TAG, IDX_ENTRY_DTYPE
+from topics.engine.frames import FrameCorrupt, check_frame
+from topics.format.frame import SEG_HDR
+from topics.format.idx import DELETED, F_HAS_META, F_HAS_NODE, F_HAS_TAG, IDX_ENTRY_DTYPE
 from topics.storage.catalog import CatalogTopic, SegmentRef, load_catalog
 from topics.storage.fs import RealFile, RealFs
 from topics.storage.segment import IDX_ENTRY_SIZE

@@ -52,8 +52,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from topics.engine.index import DELETED, IDX_ENTRY_DTYPE
-from topics.storage.frame import (
+from topics.format.frame import (
     APPEND,
     FRAME_TYPES,
     LOST,
@@ -68,10 +67,12 @@ from topics.storage.frame import (
     decode_frame,
     decode_segment_frame,
 )
+from topics.format.idx import DELETED, IDX_ENTRY_DTYPE
+from topics.format.snapshot import SnapshotInvalid, decode_snapshot
 from topics.storage.fs import Fs
 from topics.storage.recovery import cold_firsts, lost_ranges
 from topics.storage.segment import IDX_ENTRY_SIZE, SegmentPaths, scan_segments, topic_dir
-from topics.storage.snapshot import SnapshotInvalid, decode_snapshot, list_snapshots
+from topics.storage.snapshot import list_snapshots
 from topics.storage.topicstore import SegmentDamage, check_published, published_upto
 from topics.storage.wal import ShardScan, scan_shard
 

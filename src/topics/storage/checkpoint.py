@@ -51,7 +51,7 @@ import numpy as np
 from topics.engine.index import LOC_HOLE, SlotArray
 from topics.engine.topic import CHUNK_BASE, Topic
 from topics.errors import TopicsError
-from topics.storage.frame import FrameBuf, encode_segment_record
+from topics.format.frame import FrameBuf, encode_segment_record
 from topics.storage.fs import Fs, RealFs
 from topics.storage.meta import capture_meta
 from topics.storage.segment import SegmentWriter, segment_blob, segment_paths

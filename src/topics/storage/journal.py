@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import xxhash
 
 from topics.errors import TopicsError
-from topics.storage.frame import (
+from topics.format.frame import (
     CHECKPOINT_MARK,
     CONFIG_UPDATE,
     DELETE,

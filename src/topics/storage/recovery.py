@@ -39,19 +39,10 @@ import numpy as np
 
 from topics.engine.core import Engine
 from topics.engine.frames import Chunk
-from topics.engine.index import (
-    DELETED,
-    F_HAS_META,
-    F_HAS_NODE,
-    F_RECORD_MASK,
-    LOC_HOLE,
-    NODE_UNKNOWN,
-    SLOT_DTYPE,
-)
+from topics.engine.index import LOC_HOLE, NODE_UNKNOWN, SLOT_DTYPE
 from topics.engine.topic import Topic
 from topics.engine.topic_config import parse_topic_config
-from topics.storage.checkpoint import expand_ranges
-from topics.storage.frame import (
+from topics.format.frame import (
     APPEND,
     CHECKPOINT_MARK,
     CONFIG_UPDATE,
@@ -69,6 +60,8 @@ from topics.storage.frame import (
     FrameError,
     decode_frame,
 )
+from topics.format.idx import DELETED, F_HAS_META, F_HAS_NODE, F_RECORD_MASK
+from topics.storage.checkpoint import expand_ranges
 from topics.storage.fs import Fs, read_file, write_file
 from topics.storage.journal import shard_dirs, shard_of
 from topics.storage.meta import restore_topic

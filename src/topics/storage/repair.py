@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from topics.clock import Clock, SystemClock
-from topics.storage.frame import (
+from topics.format.frame import (
     APPEND,
     CONFIG_UPDATE,
     DELETE,

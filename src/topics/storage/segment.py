@@ -56,7 +56,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from topics.engine.index import DELETED, IDX_ENTRY_DTYPE
+from topics.format.idx import DELETED, IDX_ENTRY_DTYPE, IDX_ENTRY_SIZE
 from topics.storage.fs import File, Fs, RealFile, RealFs, write_all
 
 __all__ = [
@@ -84,7 +84,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: Bytes per `.idx` entry (the fixed stride).
-IDX_ENTRY_SIZE = IDX_ENTRY_DTYPE.itemsize
 #: Smallest byte range that can be a frame: `frame_len u32` + the trailing checksum.
 MIN_FRAME_LEN = 4 + 8
 #: `.idx` offsets are u32, so a `.data` file can never grow past this many bytes.

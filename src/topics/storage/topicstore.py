@@ -42,17 +42,14 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from topics.engine.frames import SEG_HDR, Buf
-from topics.engine.index import (
+from topics.engine.index import LOC_HOLE, NODE_UNKNOWN, SLOT_DTYPE, SlotArray
+from topics.format.idx import (
     DELETED,
     F_HAS_META,
     F_HAS_NODE,
     F_HAS_TAG,
     F_RECORD_MASK,
     IDX_ENTRY_DTYPE,
-    LOC_HOLE,
-    NODE_UNKNOWN,
-    SLOT_DTYPE,
-    SlotArray,
 )
 from topics.storage.fs import File, Fs, RealFile, RealFs, write_all
 from topics.storage.segment import (

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from topics.storage.frame import (
+from topics.format.frame import (
     APPEND,
     F_BATCH_MORE,
     LOST,

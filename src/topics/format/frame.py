@@ -49,15 +49,16 @@ import mmap
 import struct
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import msgpack
 import numpy as np
 import numpy.typing as npt
 import xxhash
 
-if TYPE_CHECKING:
-    from topics.engine.records import NewRecord
+#: A record to encode, indexable as `(data, meta, node, tag, ...)`: the engine's
+#: validated record tuple (data and meta as raw JSON bytes, node and tag or None).
+RecordTuple = Sequence[Any]
 
 __all__ = [
     "APPEND",
@@ -82,6 +83,8 @@ __all__ = [
     "F_HAS_META",
     "HEADER",
     "SEG_HEADER",
+    "WAL_HDR",
+    "SEG_HDR",
     "CHECKSUM",
     "META_LEN",
     "MIN_FRAME_LEN",
@@ -179,8 +182,11 @@ F_BATCH_MORE = 0x10  # ours: more frames of the same write follow this one
 
 #: frame_len, type, flags, topic_id, seq, ts, node_len, tag_len, data_len (38 bytes).
 HEADER = struct.Struct("<IBBQQQHHI")
+#: Header bytes before node/tag/payload (the engine's renderers start there).
+WAL_HDR = 38
 #: The same without `type` (segment `.data` frames, 37 bytes).
 SEG_HEADER = struct.Struct("<IBQQQHHI")
+SEG_HDR = 37
 #: The trailing XXH3-64.
 CHECKSUM = struct.Struct("<Q")
 #: The `meta_len` prefix of a has_meta Append payload.
@@ -444,7 +450,7 @@ def encode_append(
 
 
 def encode_appends(
-    topic_id: int, first_seq: int, ts: int, records: Iterable[NewRecord], durable: bool
+    topic_id: int, first_seq: int, ts: int, records: Iterable[RecordTuple], durable: bool
 ) -> bytes:
     """Append frames for a batch, seqs `first_seq, first_seq + 1, ...`, all at `ts` (ms).
 
@@ -455,7 +461,7 @@ def encode_appends(
 
 
 def encode_batch(
-    topic_id: int, first_seq: int, ts: int, records: Iterable[NewRecord], durable: bool
+    topic_id: int, first_seq: int, ts: int, records: Iterable[RecordTuple], durable: bool
 ) -> tuple[bytes, list[int]]:
     """:func:`encode_appends` plus the byte size of each frame, in order."""
     pack, crc_pack = HEADER.pack, CHECKSUM.pack
@@ -551,7 +557,7 @@ class BatchLayout:
     :func:`seal_batch` has used it (a layout is sealed at most once).
     """
 
-    records: Sequence[NewRecord]
+    records: Sequence[RecordTuple]
     buf: FrameBuf
     sizes: list[int]
     flags: list[int]
@@ -559,7 +565,7 @@ class BatchLayout:
 
 
 def layout_batch(
-    records: Sequence[NewRecord],
+    records: Sequence[RecordTuple],
     *,
     step_bytes: int = LAYOUT_STEP_BYTES,
     step_records: int = LAYOUT_STEP_RECORDS,
@@ -1123,3 +1129,6 @@ def encode_segment_record(
     except struct.error as e:
         raise FrameError(f"frame field out of range: {e}") from None
     return body + CHECKSUM.pack(checksum(memoryview(body)[4:]))
+
+
+assert HEADER.size == WAL_HDR and SEG_HEADER.size == SEG_HDR
