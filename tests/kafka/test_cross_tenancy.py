@@ -161,3 +161,15 @@ def test_tenants_are_isolated(tenants: KafkaProcess, client: str) -> None:
     r = httpx.get(f"{tenants.base}/v0/topics", headers={"authorization": "Bearer kb-secret"})
     names = {t["topic"] for t in r.json()["topics"]}
     assert tb in names and ta not in names
+
+
+def test_kafka_records_reach_a_router_dest_live(kserver: KafkaProcess) -> None:
+    """A router forwards what Kafka produced as it forwards HTTP writes: publication
+    schedules the forwarding, and a live watcher of the dest sees the records."""
+    src, dst = name("rsrc"), name("rdst")
+    r = httpx.put(f"{kserver.base}/v0/routers/{name('r')}", json={"source": src, "dest": dst})
+    assert r.status_code in (200, 201), r.text
+    sent = [(None, b'{"n": %d}' % i, []) for i in range(4)]
+    assert produce("confluent", kserver.bootstrap, src, sent) == list(range(4))
+    got = asyncio.run(sse_records(kserver.base, dst, 4))
+    assert [rec["data"] for rec in got[:4]] == [{"n": 0}, {"n": 1}, {"n": 2}, {"n": 3}]

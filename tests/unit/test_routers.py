@@ -795,3 +795,24 @@ def test_list_paging_filters_and_allow() -> None:
     e = err(rs.list, cursor="!!!not-base64")
     assert e.status == 400
     assert rs.list(cursor="")["routers"][0]["router"] == "q1"
+
+
+def test_publication_schedules_forwarding_whoever_wrote() -> None:
+    """A write to a router source asks the loop owner to forward (once per burst), so
+    records written by any shell (HTTP, WebSocket, Kafka) move without a timer."""
+    eng, rs, _clock = make()
+    calls: list[Any] = []
+    rs.schedule = calls.append
+    put(rs, "r", "src", "dst")
+    write(eng, "src", {"data": 1})
+    write(eng, "src", {"data": 2})
+    assert len(calls) == 1, "one scheduled drain per burst of publications"
+    assert topic(eng, "dst").head_seq == 0  # nothing forwarded until the drain runs
+    calls.pop()()
+    assert topic(eng, "dst").head_seq == 2
+    got, _ = read(eng, "dst")
+    assert [r["data"] for r in got] == [1, 2]
+    write(eng, "src", {"data": 3})
+    assert len(calls) == 1  # scheduled again after the drain ran
+    write(eng, "other", {"data": 0})  # not a router source: nothing scheduled
+    assert len(calls) == 1

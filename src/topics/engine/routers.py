@@ -214,6 +214,12 @@ class RouterSet:
         self._by_source: dict[str, builtins.list[Router]] = {}
         self._by_dest: dict[str, builtins.list[Router]] = {}
         self._dirty: set[str] = set()
+        # How forwarding is started after a publication: the owner of the event
+        # loop sets `schedule` (e.g. `loop.call_soon`), so a record published by
+        # any shell (HTTP, WebSocket, Kafka) reaches its router's dest at once,
+        # off the writer's ack path. Unset (tests, tools): callers drain.
+        self.schedule: Callable[[Callable[[], object]], object] | None = None
+        self._drain_scheduled = False
         self._next_order = 1
         # Per dest topic name: (dest seq, key) in append order, to prune
         # `Topic.router_keys` once the keyed copies leave the dest.
@@ -224,6 +230,9 @@ class RouterSet:
             prev(t)
             if t.name in self._by_source:
                 self._dirty.add(t.name)
+                if self.schedule is not None and not self._drain_scheduled:
+                    self._drain_scheduled = True
+                    self.schedule(self._scheduled_drain)
 
         engine.on_published = on_published
         engine.drain_into = self.drain_into
@@ -723,6 +732,10 @@ class RouterSet:
         srcs = list(dict.fromkeys(r.source for r in self._by_dest.get(dest, ())))
         srcs.reverse()
         return srcs
+
+    def _scheduled_drain(self) -> None:
+        self._drain_scheduled = False
+        self.drain_dirty()
 
     def drain_dirty(self) -> bool:
         """Forward from every dirty source until nothing progresses; True on any progress.

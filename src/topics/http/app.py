@@ -272,6 +272,9 @@ class TopicsApp:
             self.shutting_down = asyncio.Event()
         for hook in self.hooks_startup:
             await hook(self)
+        # Publication schedules forwarding (whichever shell wrote); the periodic pass
+        # below only retries sources that could not move (a full dest).
+        self.routers.schedule = asyncio.get_running_loop().call_soon
         self.background.append(asyncio.create_task(self._router_worker()))
 
     def begin_shutdown(self) -> None:
@@ -294,20 +297,13 @@ class TopicsApp:
             await hook(self)
 
     async def _router_worker(self) -> None:
-        """Drain dirty router sources every 50 ms (SEMANTICS §12.3)."""
+        """Retry stalled router sources every 50 ms (publication schedules the rest)."""
         while True:
             await asyncio.sleep(0.05)
             try:
                 self.routers.drain_dirty()
             except Exception:  # pragma: no cover - logged, the worker keeps going
                 log.exception("router worker pass failed")
-
-    def kick_routers(self) -> None:
-        """Forward soon after a write (off the ack path)."""
-        try:
-            asyncio.get_running_loop().call_soon(self.routers.drain_dirty)
-        except RuntimeError:  # pragma: no cover
-            pass
 
     # ------------------------------------------------------------ the ASGI call
 

@@ -124,8 +124,6 @@ async def write(ctx: Ctx) -> Resp:
     await wait_published(res)
     wal_ms = (time.perf_counter() - t1) * 1000
     body = eng.write_result(res, ctx.qbool("return_seqs", True))
-    if len(ctx.app.routers):
-        ctx.app.kick_routers()
     fsync_ms = res.fsync_ms if res.topic.config.durability == "fsync" else 0.0
     return json_resp(
         201 if res.created else 200,

@@ -380,8 +380,6 @@ class Connection:
             await wait_published(res)
             wal_ms = (time.perf_counter() - t1) * 1000
             out = eng.write_result(res, True)
-            if len(self.app.routers):
-                self.app.kick_routers()
             fsync = getattr(res, "fsync_ms", 0.0)
             fsync_ms = fsync if res.topic.config.durability == "fsync" else 0.0
             extra = {"wal_append_ms": round(wal_ms, 3), "fsync_ms": round(fsync_ms, 3)}
