@@ -87,3 +87,46 @@ def test_a_large_write_is_laid_out_ahead_sealed_in_place_and_logged_whole(
     frames = [f for _, f in scan_shard(disk, "/data/wal").frames if f.type == APPEND]
     assert [f.seq for f in frames] == list(range(1, 101))
     assert [f.tag for f in frames[-2:]] == ["t98", "t99"]
+
+
+def test_a_request_waits_only_for_the_frames_it_logged() -> None:
+    """Two requests log control frames on two shards; the first one's fsync is held.
+    The second is acknowledged at once: a barrier covers only its own request's
+    frames, never another's (nor does the first one's barrier take the second's)."""
+    from tests.support.durable import GateFs
+
+    from topics.format.frame import CONFIG_UPDATE
+
+    gate = GateFs(FakeDisk(), "none")
+    loop = asyncio.new_event_loop()
+    shards = open_shards(gate, "/data", 2, file_bytes=64 * 1024, sync_interval_s=0.002)
+    journal = WalJournal(shards, loop)
+    try:
+
+        async def request(shard: int, started: asyncio.Event | None = None) -> str:
+            token = journal.open_request()
+            try:
+                journal._control(journal.shards[shard], CONFIG_UPDATE, 10 + shard, {"config": {}})
+                if started is not None:
+                    started.set()
+                assert journal.has_pending_controls()
+                await journal.barrier()
+                return f"shard {shard} acked"
+            finally:
+                journal.close_request(token)
+
+        async def main() -> None:
+            gate.arm("fdatasync", 1)
+            held = asyncio.ensure_future(request(0))
+            await asyncio.to_thread(gate.reached.wait, 5)  # shard 0 is inside its fsync
+            other = await asyncio.wait_for(request(1), 5)
+            assert other == "shard 1 acked" and not held.done()
+            gate.release()
+            assert await asyncio.wait_for(held, 5) == "shard 0 acked"
+
+        loop.run_until_complete(main())
+    finally:
+        gate.release()
+        for s in shards:
+            s.close()
+        loop.close()

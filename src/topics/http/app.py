@@ -115,6 +115,9 @@ class Route:
     # is produced; ADMIT checks the cap but releases at once (the /work stream is
     # bounded by SSE caps instead); NONE skips it (watch stream, WebSocket).
     inflight: int = 1
+    # A read: never waits for a WAL write or fsync, even when it logged a floor
+    # (retention applied during the read).
+    read: bool = False
 
 
 @dataclass(slots=True)
@@ -174,7 +177,7 @@ class TopicsApp:
                 "DELETE": Route(topics.delete_topic, (D,)),
                 "POST": Route(topics.write, (W,), BODY_WRITE),
             },
-            "diff": {"POST": Route(topics.diff, (R,), BODY_JSON_EMPTY_OK)},
+            "diff": {"POST": Route(topics.diff, (R,), BODY_JSON_EMPTY_OK, read=True)},
             "delete": {"POST": Route(topics.delete_records, (D,), BODY_JSON)},
             "claim": {"POST": Route(queues.claim, (R, W), BODY_CLAIM)},
             "ack": {"POST": Route(queues.ack, (W,), BODY_JSON)},
@@ -379,14 +382,21 @@ class TopicsApp:
             ctx = Ctx(self, scope, receive, send, principal, m.params, t0)
             if not is_ws and m.route.body != BODY_NONE:
                 await self._read_body(ctx, m.route.body)
-            resp = await m.route.handler(ctx)
-            if resp is not None and resp.status < 300 and method != "GET":
-                # Acknowledge a mutation only once the control frames it logged
-                # (config, deletes, routers, leases) are durable.
-                journal = self.engine.journal
-                pending = getattr(journal, "has_pending_controls", None)
-                if pending is not None and pending():
-                    await journal.barrier()  # type: ignore[attr-defined]
+            journal = self.engine.journal
+            open_request = getattr(journal, "open_request", None)
+            token = open_request() if open_request is not None else None
+            try:
+                resp = await m.route.handler(ctx)
+                if resp is not None and resp.status < 300 and method != "GET" and not m.route.read:
+                    # Acknowledge a mutation only once the control frames it logged
+                    # (config, deletes, routers, leases) are durable; another
+                    # request's frames are not its business.
+                    pending = getattr(journal, "has_pending_controls", None)
+                    if pending is not None and pending():
+                        await journal.barrier()  # type: ignore[attr-defined]
+            finally:
+                if token is not None:
+                    journal.close_request(token)  # type: ignore[attr-defined]
         except TopicsError as err:
             if is_ws:
                 await self._ws_reject(send, err)

@@ -25,6 +25,7 @@ Completions arrive on the writer threads and are handed to the event loop with
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import posixpath
 import struct
@@ -154,7 +155,11 @@ class WalJournal:
                 # this frame resolves only once its effect is applied).
                 loop.call_soon_threadsafe(_settle, fut, ok, on_commit)
 
-            self._pending_controls.append(fut)
+            scope = _REQUEST.get()
+            if scope is not None:
+                scope.append(fut)  # this request waits for it, and only this one
+            else:
+                self._pending_controls.append(fut)
             self.inflight_controls.add(fut)
             fut.add_done_callback(self.inflight_controls.discard)
         self._submit(shard, WalEntry(data, 1, sync, done))
@@ -238,20 +243,45 @@ class WalJournal:
             self.reserved[t.topic_id] = reserved_before
             raise
 
+    @staticmethod
+    def open_request() -> contextvars.Token[list[asyncio.Future[bool]] | None]:
+        """Start a request's scope: control frames logged in this context (and in
+        tasks it starts) are the ones :meth:`barrier` waits for. Close it with
+        :meth:`close_request` and the returned token."""
+        return _REQUEST.set([])
+
+    @staticmethod
+    def close_request(token: contextvars.Token[list[asyncio.Future[bool]] | None]) -> None:
+        _REQUEST.reset(token)
+
     def has_pending_controls(self) -> bool:
-        """True while control frames logged on this loop have not completed."""
+        """True while control frames this request (or, outside a request scope,
+        anyone on this loop) logged have not completed."""
+        scope = _REQUEST.get()
+        if scope is not None:
+            return any(not f.done() for f in scope) or any(
+                f.done() and not f.result() for f in scope
+            )
         pend = self._pending_controls
         if pend and pend[0].done():
             self._pending_controls = pend = [f for f in pend if not f.done()]
         return bool(pend)
 
     async def barrier(self) -> None:
-        """Wait until every control frame logged so far is durable (or failed).
+        """Wait until the control frames this request logged are durable (or failed).
 
-        Raises `500 internal` when one of them could not be logged: the change it
-        described is not durable, so the request must not be acknowledged.
+        Inside a request scope (:meth:`open_request`) only that request's frames
+        are waited for, never another request's; outside one, every frame logged
+        so far. Raises `500 internal` when one of them could not be logged: the
+        change it described is not durable, so the request must not be
+        acknowledged.
         """
-        pend, self._pending_controls = self._pending_controls, []
+        scope = _REQUEST.get()
+        if scope is not None:
+            pend = list(scope)
+            scope.clear()
+        else:
+            pend, self._pending_controls = self._pending_controls, []
         if not pend:
             return
         results = await asyncio.gather(*pend)
@@ -549,6 +579,13 @@ class WalJournal:
         out.append(f"{name}_sum {j['fsync_micros_total']}")
         out.append(f"{name}_count {j['fsync_count']}")
         return out
+
+
+# The control frames logged by the request running in this context (None: no
+# request scope, e.g. a test driving the journal directly).
+_REQUEST: contextvars.ContextVar[list[asyncio.Future[bool]] | None] = contextvars.ContextVar(
+    "topics_journal_request", default=None
+)
 
 
 def _disk_full() -> TopicsError:
