@@ -334,6 +334,11 @@ class TopicsApp:
                 return
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """One request through the layers, in order (docs/HTTP_INPUT.md): classify,
+        authenticate, admit (in-flight cap), authorize (scopes, names), readiness,
+        route, body, handler with its commit wait; every failure becomes the
+        canonical error envelope (a refused WebSocket upgrade, or a 1011 close
+        once upgraded)."""
         t0 = time.perf_counter()
         is_ws = scope["type"] == "websocket"
         method = "GET" if is_ws else scope["method"]
@@ -341,62 +346,17 @@ class TopicsApp:
         if is_ws and not m.websocket:
             await send({"type": "websocket.close", "code": 1008})
             return
-        key: bytes | None = None
-        counted = False
+        admitted: bytes | None = None
         try:
             principal = self._authenticate(scope, m)
-            key = principal.digest
-            if key is not None and m.route is not None and m.route.inflight:
-                cap = self.config.limits.max_inflight_per_key
-                cur = self.inflight.get(key, 0)
-                if cap and cur >= cap:
-                    raise TopicsError(
-                        429,
-                        "throttled",
-                        "too many in-flight requests for this key",
-                        {"limit": "max_inflight_per_key", "max": cap},
-                    )
-                if m.route.inflight == INFLIGHT_HOLD:
-                    self.inflight[key] = cur + 1
-                    counted = True
-            for s in m.scopes:
-                if not principal.has(s):
-                    raise TopicsError(403, "forbidden", f"this key lacks the {s} scope")
-            for name in m.names:
-                if not principal.allows_name(name):
-                    raise TopicsError(403, "forbidden", f'this key may not access "{name}"')
-            if not self.ready and not m.probe:
-                # Data routes wait for recovery (API §11.2: SHOULD answer 503 too).
-                raise TopicsError(
-                    503,
-                    "not_ready",
-                    "recovery in progress",
-                    {"replay_progress": round(self.replay_progress, 4)},
-                )
-            if m.route is None:
-                if m.status == 405:
-                    raise TopicsError(405, "method_not_allowed", f"{method} is not allowed here")
-                raise TopicsError(404, "not_found", f"no route for {scope['path']}")
-            if m.websocket and not is_ws:
-                raise bad_request("GET /v0/ws needs a WebSocket upgrade")
+            admitted = self._admit(principal, m)
+            self._authorize(principal, m)
+            self._check_ready(m)
+            route = self._route(m, method, scope["path"], is_ws)
             ctx = Ctx(self, scope, receive, send, principal, m.params, t0)
-            if not is_ws and m.route.body != BODY_NONE:
-                await self._read_body(ctx, m.route.body)
-            journal = self.engine.journal
-            open_request = getattr(journal, "open_request", None)
-            token = open_request() if open_request is not None else None
-            try:
-                resp = await m.route.handler(ctx)
-                if resp is not None and resp.status < 300 and method != "GET" and not m.route.read:
-                    # Acknowledge a mutation only once the control frames it logged
-                    # (config, deletes, routers, leases) are durable; another
-                    # request's frames are not its business.
-                    pending = getattr(journal, "has_pending_controls", None)
-                    if pending is not None and pending():
-                        await journal.barrier()  # type: ignore[attr-defined]
-            finally:
-                if token is not None:
-                    journal.close_request(token)  # type: ignore[attr-defined]
+            if not is_ws and route.body != BODY_NONE:
+                await self._read_body(ctx, route.body)
+            resp = await self._run(route, ctx, method)
         except TopicsError as err:
             if is_ws:
                 await self._ws_reject(send, err)
@@ -404,7 +364,7 @@ class TopicsApp:
             resp = error_resp(err)
         except (FrameCorrupt, OSError) as exc:
             # A segment frame that does not verify, or a file that cannot be read:
-            # surfaced as an error, never served or skipped (SEMANTICS §17).
+            # surfaced as an error, never served or skipped (docs/FORMATS.md).
             log.error("storage read failed: %s %s: %s", method, scope["path"], exc)
             if is_ws:
                 await send({"type": "websocket.close", "code": 1011})
@@ -417,8 +377,8 @@ class TopicsApp:
                 return
             resp = error_resp(TopicsError(500, "internal", "internal error"))
         finally:
-            if counted and key is not None:
-                self.inflight[key] -= 1
+            if admitted is not None:
+                self.inflight[admitted] -= 1
         if resp is not None:
             await send(
                 {
@@ -428,6 +388,76 @@ class TopicsApp:
                 }
             )
             await send({"type": "http.response.body", "body": resp.body})
+
+    def _admit(self, principal: Principal, m: Match) -> bytes | None:
+        """The per-key in-flight cap: 429 over it; returns the key holding a slot
+        (released when the response is produced), or None."""
+        key = principal.digest
+        if key is None or m.route is None or not m.route.inflight:
+            return None
+        cap = self.config.limits.max_inflight_per_key
+        cur = self.inflight.get(key, 0)
+        if cap and cur >= cap:
+            raise TopicsError(
+                429,
+                "throttled",
+                "too many in-flight requests for this key",
+                {"limit": "max_inflight_per_key", "max": cap},
+            )
+        if m.route.inflight != INFLIGHT_HOLD:
+            return None
+        self.inflight[key] = cur + 1
+        return key
+
+    @staticmethod
+    def _authorize(principal: Principal, m: Match) -> None:
+        """403 unless the key has the route's scopes and may touch every name in the path."""
+        for s in m.scopes:
+            if not principal.has(s):
+                raise TopicsError(403, "forbidden", f"this key lacks the {s} scope")
+        for name in m.names:
+            if not principal.allows_name(name):
+                raise TopicsError(403, "forbidden", f'this key may not access "{name}"')
+
+    def _check_ready(self, m: Match) -> None:
+        """Data routes answer 503 until recovery has finished; probes always answer."""
+        if not self.ready and not m.probe:
+            raise TopicsError(
+                503,
+                "not_ready",
+                "recovery in progress",
+                {"replay_progress": round(self.replay_progress, 4)},
+            )
+
+    @staticmethod
+    def _route(m: Match, method: str, path: str, is_ws: bool) -> Route:
+        """The matched route, or 404/405 (and 400 for the WebSocket path without an upgrade)."""
+        if m.route is None:
+            if m.status == 405:
+                raise TopicsError(405, "method_not_allowed", f"{method} is not allowed here")
+            raise TopicsError(404, "not_found", f"no route for {path}")
+        if m.websocket and not is_ws:
+            raise bad_request("GET /v0/ws needs a WebSocket upgrade")
+        return m.route
+
+    async def _run(self, route: Route, ctx: Ctx, method: str) -> Resp | None:
+        """The handler, inside a journal request scope: a mutation is acknowledged
+        only once the control frames it logged (config, deletes, routers, leases)
+        are durable; another request's frames are not its business, and a read
+        never waits for the log."""
+        journal = self.engine.journal
+        open_request = getattr(journal, "open_request", None)
+        token = open_request() if open_request is not None else None
+        try:
+            resp = await route.handler(ctx)
+            if resp is not None and resp.status < 300 and method != "GET" and not route.read:
+                pending = getattr(journal, "has_pending_controls", None)
+                if pending is not None and pending():
+                    await journal.barrier()  # type: ignore[attr-defined]
+            return resp
+        finally:
+            if token is not None:
+                journal.close_request(token)  # type: ignore[attr-defined]
 
     async def _ws_reject(self, send: Send, err: TopicsError) -> None:
         """Refuse a WebSocket upgrade with the HTTP error (websocket.http.response)."""
