@@ -1,7 +1,7 @@
 """WAL and segment frames: encoding and a decoder that never raises (docs/FORMATS.md).
 
 Pure functions over bytes; no I/O. All integers are little-endian; the checksum
-is XXH3-64 (seed 0).
+is XXH3-64 (hash seed 0).
 
 WAL frame (one per record, or per control operation)::
 
@@ -204,7 +204,7 @@ SEG_MIN_FRAME_LEN = _SEG_FIXED + _CRC  # 41
 SEG_MIN_FRAME_SIZE = SEG_MIN_FRAME_LEN + 4  # 45
 
 checksum = xxhash.xxh3_64_intdigest
-"""XXH3-64, seed 0, of a bytes-like object -> int."""
+"""XXH3-64 (hash seed 0) of a bytes-like object -> int."""
 
 # -- Torn reasons (stable strings: logged, counted, asserted in tests) -----------
 

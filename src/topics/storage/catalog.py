@@ -37,7 +37,7 @@ class CatalogTopic:
     """A live topic instance as of the last checkpoint.
 
     Records with `seq < earliest_seq` are gone (evicted or deleted by
-    `before_seq`); `evict_floor` is where involuntary loss ends (SEMANTICS §3).
+    `before_seq`); `evict_floor` is where involuntary loss ends (README "Durability and the data directory").
     """
 
     name: str

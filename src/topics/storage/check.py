@@ -4,7 +4,7 @@
 :class:`~topics.storage.fs.Fs` and returns a :class:`CheckReport`: counts plus a
 list of :class:`Problem` values. It never writes, never repairs and never raises
 on bad bytes (only on a missing data dir); an unreadable file is itself a
-problem. Layout checked (seed "On-disk layout")::
+problem. Layout checked (README "Durability and the data directory")::
 
     <data>/wal/wal-*.log                 one shard (flat layout), or
     <data>/wal/shard-NN/wal-*.log        one dir per shard

@@ -1,7 +1,6 @@
 """The checkpointer: WAL frames into segment files, metadata snapshots, WAL pruning.
 
-One cycle (seed 0 "Checkpointing the WAL into segments", "Metadata snapshots";
-SEMANTICS §17), all state changes on the event loop, all file work in a thread:
+One cycle (docs/FORMATS.md, "Checkpoints and WAL pruning"), all state changes on the event loop, all file work in a thread:
 
 1. **Marks** (loop): take every topic's pending delete-flag flips and live
    floor, note the topic instances that were deleted, then log one
@@ -94,7 +93,7 @@ class CheckpointFailed(Exception):
 
 @dataclass(frozen=True, slots=True)
 class CheckpointConfig:
-    """Knobs of the checkpointer (seed 0 defaults; SEMANTICS §17)."""
+    """Knobs of the checkpointer (README "Configuration": TOPICS_CHECKPOINT_*, TOPICS_SEGMENT_*)."""
 
     segment_max_events: int = 10_000
     segment_max_bytes: int = 67_108_864

@@ -2,7 +2,7 @@
 
 WAL, segments, snapshots, recovery and the data-dir lock take an `Fs` instead of
 calling the OS directly, so tests can substitute a disk that crashes or fails
-(DESIGN §4). :class:`RealFs` is the production implementation: unbuffered file
+(the Fs interface is :mod:`topics.fs`). :class:`RealFs` is the production implementation: unbuffered file
 descriptors (`os.open`, `os.pwrite`, `os.pread`, `os.fdatasync`), atomic
 `os.replace`, and a directory fsync to make renames and creations durable.
 

@@ -1,11 +1,11 @@
 """The WAL-backed journal: the engine's mutations as frames in sharded WALs.
 
-A topic's frames always go to shard `xxh3_64(topic_id) % n` (seed: WAL sharding),
+A topic's frames always go to shard `xxh3_64(topic_id) % n` (docs/FORMATS.md, "WAL frame"),
 so its appends and control frames stay in one ordered stream. Router frames go
 to shard 0; they carry the topic ids they connect, so recovery can tell a
 router of a deleted topic instance from a live one.
 
-Ack points per durability class (SEMANTICS §14):
+Ack points per durability class (README "Durability and the data directory"):
 
 | class | frames | the write is published when |
 |---|---|---|
@@ -214,7 +214,7 @@ class WalJournal:
             self._prereserve(t.topic_id, pw.last_seq + HEAD_RESERVATION, pw.ts)
         loop = self.loop
         if not sync:
-            # disk/memory: acknowledged on enqueue (DESIGN §4, seed: "acked on frame
+            # disk/memory: acknowledged on enqueue (README "Durability and the data directory": "acked on frame
             # enqueue"); the writer thread writes it next and syncs on its tick.
             si = shard_of(t.topic_id, len(self.shards))
             shard = self.shards[si]
@@ -426,7 +426,7 @@ class WalJournal:
         try:
             self._topic_control(t, LEASE, body, seq=seq)
         except TopicsError:
-            pass  # lease logging errors are ignored (SEMANTICS §15.1)
+            pass  # lease logging errors are ignored (README: queue leases)
 
     # ------------------------------------------------------------ routers
 
@@ -474,7 +474,7 @@ class WalJournal:
 
         A clean stop records each `disk` and `ephemeral` topic's exact head, so
         the next start neither pads a disk topic to its reservation nor re-issues
-        an ephemeral topic's seqs (SEMANTICS §14, "after clean restart").
+        an ephemeral topic's seqs (README "Durability and the data directory").
         """
         if self._coalesce:
             self.flush()

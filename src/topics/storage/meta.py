@@ -2,7 +2,7 @@
 
 The snapshot body (one msgpack map inside `meta/snapshot.NNNN.bin`, see
 :mod:`topics.storage.snapshot`) is the engine's metadata at one instant of the
-event loop (SEMANTICS §17 "Snapshots"; seed 0 "Metadata snapshots")::
+event loop (docs/FORMATS.md, "Snapshots")::
 
     v               1
     taken_ms        engine clock at capture

@@ -1,4 +1,4 @@
-"""Recovery: rebuild the engine from a data directory (SEMANTICS §18; seed 2 §4).
+"""Recovery: rebuild the engine from a data directory (docs/FORMATS.md, "Checkpoints and WAL pruning").
 
 Order of work:
 

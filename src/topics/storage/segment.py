@@ -1,7 +1,7 @@
 """Per-topic segment files: `seg-<first_seq>.data` frames + a fixed-stride `.idx`.
 
-Implements seed 0 "Segment format: .data + .idx", "Sealing triggers" and "Serving
-reads: mmap vs buffered" (seed 2 §3.3-§3.5). Layout (docs/FORMATS.md, all LE)::
+Segment files, sealing triggers and reads (docs/FORMATS.md, "Segment files";
+README TOPICS_SEGMENT_*). Layout (all LE)::
 
     topics/<topic_id as %016x>/seg-<first_seq as %016d>.data
     topics/<topic_id as %016x>/seg-<first_seq as %016d>.idx
@@ -106,7 +106,7 @@ class SegmentError(Exception):
 
 
 class SegmentCorrupt(SegmentError):
-    """Bytes of a segment are not what the format promises (seed 0: "surfaced").
+    """Bytes of a segment are not what the format promises (docs/FORMATS.md: corruption is surfaced).
 
     Attributes:
         path: the file that failed (`.data` or `.idx`).
@@ -139,7 +139,7 @@ class SegmentPaths(NamedTuple):
 def segment_name(first_seq: int) -> str:
     """`seg-<first_seq as 16 zero-padded decimal digits>` (no extension).
 
-    Zero padding makes lexical order equal seq order (seed 0 "Segment format").
+    Zero padding makes lexical order equal seq order (docs/FORMATS.md, "Segment files").
     """
     if first_seq < 0:
         raise ValueError(f"first_seq must be >= 0, got {first_seq}")
@@ -156,7 +156,7 @@ def topic_dir(root: str, topic_id: int) -> str:
     """`<root>/topics/<topic_id as 16 lowercase hex digits>`.
 
     Named by the interned id, never the topic name, so no user string reaches a
-    path (seed 0 "On-disk layout").
+    path (docs/FORMATS.md, "Segment files").
     """
     if topic_id < 0:
         raise ValueError(f"topic_id must be >= 0, got {topic_id}")
@@ -475,7 +475,7 @@ class SegmentWriter:
         return 0 if self._first_ts is None else now_ms - self._first_ts
 
     def should_seal(self, max_events: int, max_bytes: int, max_age_ms: int, now_ms: int) -> bool:
-        """True when any seal trigger fires (seed 0 "Sealing triggers").
+        """True when any seal trigger fires (README TOPICS_SEGMENT_*).
 
         Triggers: `count >= max_events`, `data_bytes >= max_bytes`, or (when
         `max_age_ms > 0`) `now_ms - first_ts >= max_age_ms`. An empty segment
@@ -870,7 +870,7 @@ class SegmentReader:
     def all_deleted(self) -> bool:
         """True when every entry is flagged 0xD5 (vacuously true when empty).
 
-        Such a sealed segment can be dropped whole (seed 2 §3.5).
+        Such a sealed segment can be dropped whole (docs/FORMATS.md, "Delete flags").
         """
         return bool(np.all(self._loaded(None)["flags"] == DELETED))
 

@@ -1,7 +1,7 @@
 """Segment stores and the per-topic HOT/COLD tier resolver.
 
-Implements seed 2 §3.6 "Tiered storage" (the `SegmentStore` trait,
-`LocalSegmentStore`, `TopicTier`) and seed 1 "Hot/cold tiering". A store holds
+The tier seam (the `SegmentStore` protocol, `LocalSegmentStore`, `TopicTier`;
+README `TOPICS_COLD_DIR`). A store holds
 whole sealed segments of one topic, each identified by its first seq (a
 :data:`SegmentId`) and made of two parts, `.data` and `.idx`, laid out exactly as
 in :mod:`topics.storage.segment` (docs/FORMATS.md)::
@@ -25,7 +25,7 @@ Invariants:
 * **HOT wins.** :meth:`TopicTier.resolve` prefers the HOT copy when both tiers
   hold a segment (the mid-relocation window), so a segment is never lost.
 
-Every call is synchronous and self-contained (seed: "runs on a blocking/IO pool
+Every call is synchronous and self-contained ("runs on a blocking/IO pool
 off the hot path"); all I/O goes through the injected :class:`~topics.storage.fs.Fs`.
 """
 
@@ -71,7 +71,7 @@ class Tier(enum.Enum):
 
 
 class SegmentStore(Protocol):
-    """Persists, reads and drops whole segments of one topic (seed 2 §3.6).
+    """Persists, reads and drops whole segments of one topic (docs/FORMATS.md, "Segment files").
 
     Synchronous by design: each call may be issued on a blocking pool, so a slow
     (cold) store can never hold up writes or live delivery.
@@ -219,7 +219,7 @@ class LocalSegmentStore:
 
 
 class TopicTier:
-    """A topic's required HOT store plus an optional COLD store (seed 2 §3.6).
+    """A topic's required HOT store plus an optional COLD store (README `TOPICS_COLD_DIR`).
 
     With `cold=None` tiering is disabled and everything resolves HOT.
     """

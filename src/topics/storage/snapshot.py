@@ -1,7 +1,6 @@
 """Atomic metadata snapshots: `meta/snapshot.NNNN.bin`.
 
-Implements seed 0 "Metadata snapshots" (seed 1 "meta/", seed 2 "Durability &
-recovery"). The file's bytes are encoded and decoded by
+Metadata snapshot files (docs/FORMATS.md, "Snapshots"). The file's bytes are encoded and decoded by
 :mod:`topics.format.snapshot`; this module names, writes, prunes and loads the
 files. `NNNN` is the snapshot number, zero-padded to at least four digits; the
 highest valid number wins.
@@ -104,7 +103,7 @@ def _fsync_parent(fs: Fs, path: str) -> None:
 def write_snapshot(fs: Fs, meta_dir: str, n: int, body: dict[Any, Any]) -> str:
     """Durably install snapshot `n` and prune older ones; returns its path.
 
-    Sequence (seed 0): encode -> write `snapshot.NNNN.bin.tmp` -> fdatasync ->
+    Sequence: encode -> write `snapshot.NNNN.bin.tmp` -> fdatasync ->
     replace onto `snapshot.NNNN.bin` -> fsync `meta_dir` -> read back -> unlink
     every older snapshot except the newest valid one below `n` -> fsync
     `meta_dir`. Snapshots numbered above `n` are never touched.

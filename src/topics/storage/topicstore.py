@@ -1,7 +1,7 @@
 """One topic instance's segment files: how the engine reads them, how recovery loads them.
 
 A topic's records end up in `topics/<topic_id hex>/seg-<first_seq>.data/.idx`
-(seed 0 "Segments & Snapshots"). This module holds:
+(docs/FORMATS.md, "Segment files"). This module holds:
 
 * :class:`SegmentSource` - the engine's view of one segment (a
   :class:`~topics.engine.frames.FrameSource`): a sealed `.data` is read through
@@ -17,7 +17,7 @@ A topic's records end up in `topics/<topic_id hex>/seg-<first_seq>.data/.idx`
   and turned into slot rows with numpy (`.data` is touched only to resume the
   active segment and to size records that carry a node or tag).
 * :func:`flip_deleted` - the in-place 0xD5 delete flag of a sealed segment
-  (seed 2 §3.5), fdatasynced.
+  (docs/FORMATS.md, "Delete flags"), fdatasynced.
 
 Gaps between segments (records that were below a floor when checkpointed)
 load as deleted holes; a segment overlapping the one before it is reported and
@@ -299,7 +299,7 @@ class SegMeta:
 class TopicStore:
     """A topic instance's segments (ascending) and its active segment's writer.
 
-    `tier` resolves and drops sealed segments in either tier (seed 2 §3.6; the
+    `tier` resolves and drops sealed segments in either tier (docs/FORMATS.md, "Segment files"; the
     active segment is always HOT, in `dir`). Owned by the checkpointer: `writer`
     is only used inside a checkpoint.
     """

@@ -1,6 +1,6 @@
 """One WAL shard: preallocated log files, a writer thread and group commit.
 
-Layout of a shard directory (seed: WAL & group commit, on-disk layout)::
+Layout of a shard directory (README "Durability and the data directory")::
 
     CURRENT                      names the active file (replaced atomically)
     wal-0000000000000000.log     preallocated, zero-filled, append-only frames
@@ -19,7 +19,7 @@ Invariants:
   submission is written at once (no waiting window); under load, everything
   queued while the previous batch was syncing forms the next batch.
 * Files are preallocated by writing zeros (cheaper `fdatasync` than a growing
-  file on this machine, notes/peers-and-limits.md §1a), so the end of the log is
+  file on this machine, docs/BENCHMARKS.md), so the end of the log is
   the first frame whose length field is zero or whose checksum fails.
 * A failed write or sync fails every member of its batch (except members an
   earlier sync in the same batch already made durable). A failed `fdatasync`
