@@ -331,3 +331,22 @@ def test_a_large_write_failing_in_either_part_never_acks_and_leaves_nothing(nth:
         errs = check_oracle(h, allow_unacked=False, context=f"large write, pwrite {nth}")
         assert not errs, "\n".join(errs)
         h.close()
+
+
+def test_reads_go_on_while_the_disk_is_full_even_when_they_advance_a_floor() -> None:
+    """A read applies retention; a floor it advances is logged on the side, so a
+    full log neither fails the read nor makes it wait."""
+    disk, fault, h = _setup(shards=1)
+    with h:
+        assert h.put_topic("ttl", {"durability": "fsync", "ttl_ms": 1000})
+        assert h.write("ttl", make_records("old", 3)).ok
+        h.clock.advance(500)
+        assert h.write("ttl", make_records("new", 2)).ok
+        rule = fault.fail("pwrite", 1, "ENOSPC", persistent=True)
+        full = h.write("a", make_records("refused", 1))
+        assert full.status == 507 and h.shard_of_topic("a").disk_full
+        h.clock.advance(700)  # the first three expire: the read advances the TTL floor
+        got = h.read_all("ttl")
+        assert got is not None and [r["data"]["u"] for r in got] == ["new.0", "new.1"]
+        fault.rules.remove(rule)
+        h.close()

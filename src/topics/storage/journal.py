@@ -101,6 +101,7 @@ class WalJournal:
         self._flush_scheduled = False
         self._prereserving: set[int] = set()
         self._pending_controls: list[asyncio.Future[bool]] = []
+        self._floor_unlogged = False  # a floor could not be logged (said once)
         # Every control frame not completed yet (a checkpoint's capture waits for them).
         self.inflight_controls: set[asyncio.Future[bool]] = set()
         # The live topics, for the exact-head markers of a clean close (set by the owner).
@@ -159,7 +160,11 @@ class WalJournal:
             if scope is not None:
                 scope.append(fut)  # this request waits for it, and only this one
             else:
-                self._pending_controls.append(fut)
+                pend = self._pending_controls
+                if len(pend) >= 64 and pend[0].done():
+                    # Nobody outside a request scope waited: drop what completed.
+                    self._pending_controls = pend = [f for f in pend if not f.done()]
+                pend.append(fut)
             self.inflight_controls.add(fut)
             fut.add_done_callback(self.inflight_controls.discard)
         self._submit(shard, WalEntry(data, 1, sync, done))
@@ -404,7 +409,23 @@ class WalJournal:
         if t.config.durability in ("ephemeral", "memory"):
             return
         body = {"l_cap": t.l_cap, "l_ttl": t.l_ttl, "l_trim": t.l_trim}
-        self._topic_control(t, EVICT_WATERMARK, body, sync=t.config.durability == "fsync")
+        # Logged on the side: a read that advanced a floor never waits for it, and
+        # never fails because of it (a full or read-only log). Unlogged, the floor
+        # is simply logged again with the next advance or kept by the next
+        # snapshot; a crash before either only brings evicted records back.
+        token = _REQUEST.set(None)
+        try:
+            self._topic_control(t, EVICT_WATERMARK, body, sync=t.config.durability == "fsync")
+            self._floor_unlogged = False
+        except TopicsError as exc:
+            (log.debug if self._floor_unlogged else log.warning)(
+                "topic %s: floor not logged (%s); logged again with the next advance",
+                t.name,
+                exc.message,
+            )
+            self._floor_unlogged = True
+        finally:
+            _REQUEST.reset(token)
 
     def lease_event(
         self,
