@@ -19,6 +19,7 @@ from aiokafka.record._crecords.default_records import DefaultRecordBatchBuilder
 from tests.kafka.support import KafkaProcess
 from topics.kafka import errors as E
 from topics.kafka import protocol as P
+from topics.kafka.apis import SUPPORTED
 
 pytestmark = pytest.mark.kafka
 
@@ -141,14 +142,14 @@ def test_api_versions_negotiation(raw: Raw) -> None:
     resp = raw.call(P.API_VERSIONS, 3, client_software_name="raw", client_software_version="1")
     assert resp.error_code == 0
     table = {k.api_key: (k.min_version, k.max_version) for k in resp.api_keys}
-    assert table == P.SUPPORTED
+    assert table == SUPPORTED
     # A version beyond ours: error 35 in the v0 body layout, with our table.
     raw.send(P.API_VERSIONS, 4, client_software_name="raw", client_software_version="1")
     frame = raw.recv_frame()
     assert frame is not None
     old = P.RESPONSES[P.API_VERSIONS].decode(frame, version=0, header=True)
     assert old.error_code == E.UNSUPPORTED_VERSION
-    assert {k.api_key for k in old.api_keys} == set(P.SUPPORTED)
+    assert {k.api_key for k in old.api_keys} == set(SUPPORTED)
 
 
 def test_unsupported_version_gets_error_35(raw: Raw) -> None:

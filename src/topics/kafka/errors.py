@@ -1,7 +1,10 @@
-"""Kafka protocol error codes this broker returns (Apache Kafka `Errors.java`).
+"""Kafka protocol error codes this broker returns, and where engine refusals map.
 
-Only the codes the handlers use are named; the numbers are part of the wire
-contract every client maps to its own exception types.
+The codes are Apache Kafka's (`Errors.java`); only the ones the handlers use
+are named, and the numbers are part of the wire contract every client maps to
+its own exception types. :data:`ENGINE_ERRORS` is the one table from this
+server's refusals (TopicsError codes and statuses, engine conditions) to those
+codes; every handler goes through :func:`from_engine`.
 """
 
 from __future__ import annotations
@@ -45,3 +48,56 @@ UNKNOWN_PRODUCER_ID = 59
 FETCH_SESSION_ID_NOT_FOUND = 70
 UNSUPPORTED_COMPRESSION_TYPE = 76
 INVALID_RECORD = 87
+
+# ------------------------------------------------------------ engine refusals
+#
+# What the listener was doing when the engine refused (the first half of a key
+# of :data:`ENGINE_ERRORS`).
+WRITE = "write"  # Produce: staging a batch on a topic
+CREATE = "create"  # CreateTopics: creating or validating a topic
+AUTO_CREATE = "auto_create"  # Metadata: creating a topic on first use
+DELETE = "delete"  # DeleteTopics
+COMMIT = "commit"  # OffsetCommit: the durable write to the offsets topic
+
+#: A staged Produce write that reached its commit point and failed there (the
+#: engine condition behind `Staged.committed()` returning False); not a
+#: TopicsError code, used as one in :data:`ENGINE_ERRORS`.
+NOT_COMMITTED = "not_committed"
+
+#: (operation, what the engine said) -> Kafka error code (docs/KAFKA.md "Errors").
+#:
+#: What the engine said is tried from the most to the least specific: the
+#: TopicsError `code` (src/topics/errors.py, API §1.7), then its HTTP `status`,
+#: then None (anything else the operation can meet).
+ENGINE_ERRORS: dict[tuple[str, str | int | None], int] = {
+    (WRITE, "record_too_large"): MESSAGE_TOO_LARGE,
+    (WRITE, "batch_too_large"): RECORD_LIST_TOO_LARGE,
+    (WRITE, 404): UNKNOWN_TOPIC_OR_PARTITION,  # topic_not_found: deleted meanwhile
+    (WRITE, 422): POLICY_VIOLATION,  # topic_full: a `discard=reject` topic at its cap
+    (WRITE, 429): REQUEST_TIMED_OUT,  # throttled
+    (WRITE, 400): INVALID_RECORD,  # invalid_request and other refused input
+    (WRITE, NOT_COMMITTED): KAFKA_STORAGE_ERROR,
+    (WRITE, None): KAFKA_STORAGE_ERROR,  # internal, insufficient_storage, ...
+    (CREATE, 400): INVALID_CONFIG,  # invalid_request: a config `/v0` refuses
+    (CREATE, 429): POLICY_VIOLATION,  # throttled: the topic count cap
+    (CREATE, None): KAFKA_STORAGE_ERROR,
+    (AUTO_CREATE, None): UNKNOWN_TOPIC_OR_PARTITION,  # as if auto-create were off
+    (DELETE, None): KAFKA_STORAGE_ERROR,
+    (COMMIT, None): COORDINATOR_NOT_AVAILABLE,  # the client retries the commit
+}
+
+
+def from_engine(operation: str, code: str, status: int = 500) -> int:
+    """The Kafka error code for an engine refusal during `operation`.
+
+    `operation` is one of WRITE, CREATE, AUTO_CREATE, DELETE, COMMIT; `code`
+    and `status` are the refusal's TopicsError code and HTTP status (or
+    NOT_COMMITTED). Looks up :data:`ENGINE_ERRORS` by (operation, code), then
+    (operation, status), then (operation, None). Raises KeyError for an
+    unknown operation.
+    """
+    for what in (code, status):
+        found = ENGINE_ERRORS.get((operation, what))
+        if found is not None:
+            return found
+    return ENGINE_ERRORS[(operation, None)]

@@ -22,7 +22,7 @@ import orjson
 
 from topics.kafka.backend import KafkaBackend
 
-__all__ = ["OffsetStore", "OFFSETS_TOPIC", "Committed"]
+__all__ = ["OffsetStore", "OFFSETS_TOPIC", "Committed", "internal_topics"]
 
 log = logging.getLogger("topics.kafka")
 
@@ -31,6 +31,11 @@ COMPACT_MIN = 1000
 
 Key = tuple[str, str, str, int]  # tenant, group, topic, partition
 Committed = tuple[int, str | None, int]  # offset, metadata, leader epoch
+
+
+def internal_topics() -> frozenset[str]:
+    """Names the listener keeps for itself (hidden from Kafka clients)."""
+    return frozenset({OFFSETS_TOPIC})
 
 
 class OffsetStore:

@@ -6,16 +6,16 @@ encoder and decoder per (message, version). :func:`decode_request` turns one
 request frame (without its 4-byte size prefix) into a request object;
 :func:`encode_response` frames a response object for the wire.
 
-The advertised table (:data:`SUPPORTED`) is the one the feasibility notes
-found to work for librdkafka 2.16, kafka-python 3.0.12 and aiokafka 0.14
-(`shared/notes/kafka-feasibility.md` §2b): all three clients negotiate inside
-it. Fetch stays at v12 or lower because v13+ addresses topics by id only.
+Which APIs and versions this broker serves is the API table
+(:data:`topics.kafka.apis.APIS`); this module only names the API keys and
+holds the codec classes for each.
 """
 
 from __future__ import annotations
 
 import struct
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 # kafka-python 3.0.12 loads its JSON schemas with importlib.resources calls that
@@ -69,7 +69,6 @@ with warnings.catch_warnings():
 
 __all__ = [
     "API_NAMES",
-    "SUPPORTED",
     "REQUESTS",
     "RESPONSES",
     "ProtocolError",
@@ -77,7 +76,7 @@ __all__ = [
     "peek_header",
     "decode_request",
     "encode_response",
-    "api_versions_response",
+    "partition_codes",
 ]
 
 PRODUCE = 0
@@ -97,27 +96,6 @@ CREATE_TOPICS = 19
 DELETE_TOPICS = 20
 INIT_PRODUCER_ID = 22
 SASL_AUTHENTICATE = 36
-
-#: api key -> (min, max) version this broker answers (ApiVersions advertises it).
-SUPPORTED: dict[int, tuple[int, int]] = {
-    PRODUCE: (3, 9),
-    FETCH: (4, 12),
-    LIST_OFFSETS: (1, 7),
-    METADATA: (0, 12),
-    OFFSET_COMMIT: (2, 8),
-    OFFSET_FETCH: (1, 7),
-    FIND_COORDINATOR: (0, 4),
-    JOIN_GROUP: (0, 7),
-    HEARTBEAT: (0, 4),
-    LEAVE_GROUP: (0, 4),
-    SYNC_GROUP: (0, 5),
-    SASL_HANDSHAKE: (0, 1),
-    API_VERSIONS: (0, 3),
-    CREATE_TOPICS: (2, 7),
-    DELETE_TOPICS: (1, 5),
-    INIT_PRODUCER_ID: (0, 4),
-    SASL_AUTHENTICATE: (0, 2),
-}
 
 REQUESTS: dict[int, Any] = {
     PRODUCE: ProduceRequest,
@@ -215,15 +193,25 @@ def encode_response(resp: Any, version: int, correlation_id: int) -> bytes:
     return bytes(resp.encode(header=True, framed=True))
 
 
-def api_versions_response(version: int, error_code: int = 0) -> Any:
-    """The ApiVersions answer listing :data:`SUPPORTED`.
+def partition_codes(
+    topic_type: Any, partition_type: Any, topics: Any, code_of: Callable[[str, int], int]
+) -> list[Any]:
+    """Response topics mirroring request `topics`, one error code per partition.
 
-    An unsupported ApiVersions version is answered with `error_code` 35 in the
-    v0 body layout, which every client parses before retrying lower (KIP-511).
+    For APIs whose request topics have `name` and `partitions[].partition_index`
+    and whose response entries take `name`/`partitions` and
+    `partition_index`/`error_code` (ListOffsets, OffsetCommit);
+    `code_of(topic name, partition index)` gives each code.
     """
-    R = ApiVersionsResponse
-    keys = [
-        R.ApiVersion(api_key=k, min_version=lo, max_version=hi)
-        for k, (lo, hi) in sorted(SUPPORTED.items())
+    return [
+        topic_type(
+            name=t.name,
+            partitions=[
+                partition_type(
+                    partition_index=p.partition_index, error_code=code_of(t.name, p.partition_index)
+                )
+                for p in t.partitions
+            ],
+        )
+        for t in topics
     ]
-    return R(version=version, error_code=error_code, api_keys=keys, throttle_time_ms=0)

@@ -38,10 +38,10 @@ from topics.clock import Clock, SystemClock
 from topics.config import ServerConfig
 from topics.engine.core import Engine
 from topics.http.auth import DEV_PRINCIPAL, Authenticator
-from topics.kafka import errors as E
 from topics.kafka import protocol as P
 from topics.kafka.backend import KafkaBackend
-from topics.kafka.broker import Broker, ConnState, internal_topics
+from topics.kafka.broker import CLOSE, Broker, ConnState
+from topics.kafka.offsets import internal_topics
 
 __all__ = ["KafkaServer", "start_kafka"]
 
@@ -53,8 +53,6 @@ MAX_INFLIGHT = 64
 # requests allowed then (ApiVersions, SaslHandshake, a PLAIN token) are a few
 # hundred bytes; this leaves room for long client names and secrets.
 PRE_AUTH_MAX_FRAME = 16 * 1024
-PRE_AUTH_APIS = frozenset({P.API_VERSIONS, P.SASL_HANDSHAKE, P.SASL_AUTHENTICATE})
-INLINE_APIS = PRE_AUTH_APIS
 
 
 # What a connection's read loop is doing (for its watchdog).
@@ -116,25 +114,6 @@ class KafkaServer:
         self.port = 0
         self._server: asyncio.Server | None = None
         self._conns: set[asyncio.Task[None]] = set()
-        self._handlers: dict[int, Any] = {
-            P.PRODUCE: self.broker.produce,
-            P.FETCH: self.broker.fetch,
-            P.LIST_OFFSETS: self.broker.list_offsets,
-            P.METADATA: self.broker.metadata,
-            P.OFFSET_COMMIT: self.broker.offset_commit,
-            P.OFFSET_FETCH: self.broker.offset_fetch,
-            P.FIND_COORDINATOR: self.broker.find_coordinator,
-            P.JOIN_GROUP: self.broker.join_group,
-            P.HEARTBEAT: self.broker.heartbeat,
-            P.LEAVE_GROUP: self.broker.leave_group,
-            P.SYNC_GROUP: self.broker.sync_group,
-            P.SASL_HANDSHAKE: self.broker.sasl_handshake,
-            P.API_VERSIONS: self.broker.api_versions,
-            P.CREATE_TOPICS: self.broker.create_topics,
-            P.DELETE_TOPICS: self.broker.delete_topics,
-            P.INIT_PRODUCER_ID: self.broker.init_producer_id,
-            P.SASL_AUTHENTICATE: self.broker.sasl_authenticate,
-        }
 
     async def start(self, host: str, port: int) -> None:
         """Replay committed offsets, then bind `host:port` (0 = ephemeral).
@@ -284,83 +263,17 @@ class KafkaServer:
                     pending.append((-1, 0, 0, _SIZE.pack(0)))
                     wake.set()
                     continue
-                try:
-                    head = P.peek_header(frame)
-                except P.ProtocolError as exc:
-                    log.warning("kafka: closing %s: %s", conn.peer, exc)
+                req = self.broker.parse(conn, frame)
+                if req is None:
                     return
-                key, ver = head.api_key, head.api_version
-                if key not in P.REQUESTS:
-                    log.warning("kafka: closing %s: unknown API key %d", conn.peer, key)
-                    return
-                if conn.principal is None and key not in PRE_AUTH_APIS:
-                    log.warning(
-                        "kafka: closing %s: %s before SASL authentication",
-                        conn.peer,
-                        P.API_NAMES[key],
-                    )
-                    return
-                lo, hi = P.SUPPORTED[key]
-                if key == P.API_VERSIONS and ver > hi:
-                    # Answered without decoding: a newer client's body may not parse.
-                    await room.acquire()
-                    pending.append(
-                        (
-                            key,
-                            0,
-                            head.correlation_id,
-                            P.api_versions_response(0, E.UNSUPPORTED_VERSION),
-                        )
-                    )
-                    wake.set()
-                    continue
-                try:
-                    req = P.decode_request(frame, head)
-                except P.ProtocolError as exc:
-                    log.warning("kafka: closing %s: %s", conn.peer, exc)
-                    return
-                hdr = req.header
-                if hdr is not None and hdr.client_id:
-                    conn.client_id = hdr.client_id
                 await room.acquire()
-                if not lo <= ver <= hi:
-                    log.info(
-                        "kafka: %s v%d from %s is outside %d-%d: UNSUPPORTED_VERSION",
-                        P.API_NAMES[key],
-                        ver,
-                        conn.peer,
-                        lo,
-                        hi,
-                    )
-                    try:
-                        item: Any = self.broker.error_response(key, req, E.UNSUPPORTED_VERSION)
-                    except Exception:
-                        log.warning(
-                            "kafka: closing %s: cannot answer %s v%d",
-                            conn.peer,
-                            P.API_NAMES[key],
-                            ver,
-                        )
-                        return
-                    pending.append((key, ver, head.correlation_id, item))
-                    wake.set()
+                item = self.broker.answer(conn, req)
+                if item is CLOSE:
+                    return
+                if item is None:  # a handler with nothing to send
+                    room.release()
                     continue
-                handler = self._handlers[key]
-                if key in INLINE_APIS:
-                    # Synchronous: authentication state changes before the next read.
-                    item = handler(conn, req, ver)
-                    if item is None:
-                        room.release()
-                        continue
-                    pending.append((key, ver, head.correlation_id, item))
-                    wake.set()
-                    continue
-                res = handler(conn, req, ver)
-                if asyncio.iscoroutine(res):
-                    fut = asyncio.ensure_future(self._guard(conn, key, res))
-                    pending.append((key, ver, head.correlation_id, fut))
-                else:
-                    pending.append((key, ver, head.correlation_id, res))
+                pending.append((req.key, req.version, req.correlation_id, item))
                 wake.set()
             await wtask
         finally:
@@ -409,16 +322,6 @@ class KafkaServer:
                 # loop sees the end of the stream and the connection is closed.
                 writer.transport.abort()
                 return
-
-    async def _guard(self, conn: ConnState, key: int, coro: Any) -> Any:
-        """Run a handler; an unexpected failure closes only this connection."""
-        try:
-            return await coro
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("kafka: %s handler failed for %s", P.API_NAMES[key], conn.peer)
-            raise
 
 
 def _advertised(spec: str | None, bind_host: str, port: int) -> tuple[str, int]:

@@ -1,0 +1,108 @@
+"""Metadata: the topics a key may see, each with its one partition led by this node.
+
+A topic is created on first use the way Kafka's `auto.create.topics.enable`
+does it (docs/KAFKA.md "Topics, partitions and offsets"): a Metadata request
+naming an unknown topic with `allow_auto_topic_creation` creates it with the
+default config when the key may write that name. Listing every topic shows
+only the names the key may read or write.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from topics.config import SCOPE_READ, SCOPE_WRITE
+from topics.kafka import errors as E
+from topics.kafka import protocol as P
+from topics.kafka.backend import BackendError
+
+if TYPE_CHECKING:
+    from topics.kafka.broker import Broker, ConnState
+
+__all__ = ["NODE_ID", "CLUSTER_ID", "metadata", "refuse_metadata"]
+
+log = logging.getLogger("topics.kafka")
+
+NODE_ID = 0
+CLUSTER_ID = "topics-single-node"
+
+
+def broker_list(broker: Broker, R: Any) -> list[Any]:
+    """This node as the only broker, at its advertised address (`R`: the entry type)."""
+    host, port = broker.advertised
+    return [R(node_id=NODE_ID, host=host, port=port, rack=None)]
+
+
+def _visible(broker: Broker, conn: ConnState, name: str) -> bool:
+    return broker.allowed(conn, SCOPE_READ, name) or broker.allowed(conn, SCOPE_WRITE, name)
+
+
+async def metadata(broker: Broker, conn: ConnState, req: Any, v: int) -> Any:
+    """Metadata: brokers, cluster id and the requested (or every visible) topic.
+
+    Per topic: TOPIC_AUTHORIZATION_FAILED for a named topic the key may
+    neither read nor write, INVALID_TOPIC_EXCEPTION for an invalid name,
+    UNKNOWN_TOPIC_OR_PARTITION for an absent one not auto-created.
+    """
+    R = P.RESPONSES[P.METADATA]
+    T = R.MetadataResponseTopic
+    Part = T.MetadataResponsePartition
+    backend = broker.backend
+    names: list[str]
+    requested = req.topics
+    if requested is None or (v == 0 and not requested):
+        names = [n for n in backend.names() if _visible(broker, conn, n)]
+        explicit = False
+    else:
+        names = [t.name for t in requested if t.name is not None]
+        explicit = True
+    auto = bool(req.allow_auto_topic_creation) if v >= 4 else True
+    topics = []
+    for name in names:
+        err = E.NONE
+        if explicit and not _visible(broker, conn, name):
+            err = E.TOPIC_AUTHORIZATION_FAILED
+        elif backend.partition(name) is None:
+            err = E.UNKNOWN_TOPIC_OR_PARTITION
+            if not backend.valid_name(name):
+                err = E.INVALID_TOPIC_EXCEPTION
+            elif auto and broker.allowed(conn, SCOPE_WRITE, name):
+                try:
+                    await backend.create(name, {})
+                    err = E.NONE
+                except BackendError as exc:
+                    log.info("kafka: auto-create of %r refused: %s", name, exc.message)
+                    err = E.from_engine(E.AUTO_CREATE, exc.code, exc.status)
+        parts = []
+        if err == E.NONE:
+            parts = [
+                Part(
+                    error_code=E.NONE,
+                    partition_index=0,
+                    leader_id=NODE_ID,
+                    leader_epoch=0,
+                    replica_nodes=[NODE_ID],
+                    isr_nodes=[NODE_ID],
+                    offline_replicas=[],
+                )
+            ]
+        topics.append(T(error_code=err, name=name, is_internal=False, partitions=parts))
+    return R(
+        throttle_time_ms=0,
+        brokers=broker_list(broker, R.MetadataResponseBroker),
+        cluster_id=CLUSTER_ID,
+        controller_id=NODE_ID,
+        topics=topics,
+    )
+
+
+def refuse_metadata(broker: Broker, req: Any, code: int) -> Any:
+    """Metadata with `code` on the response and on every requested topic."""
+    R = P.RESPONSES[P.METADATA]
+    T = R.MetadataResponseTopic
+    return R(
+        brokers=broker_list(broker, R.MetadataResponseBroker),
+        topics=[T(error_code=code, name=t.name, partitions=[]) for t in (req.topics or [])],
+        error_code=code,
+    )
