@@ -3,7 +3,7 @@
 The engine hands every mutation to a :class:`Journal` before (or, for staged
 writes, instead of) making it visible. :class:`MemoryJournal` is the in-memory
 implementation: it commits every staged write at once and keeps nothing. The
-WAL-backed journal (sharded, group-committed, SEMANTICS §14) implements the same
+WAL-backed journal (sharded, group-committed, docs/ARCHITECTURE.md "The write path") implements the same
 protocol and completes writes from its writer threads through the event loop.
 """
 
@@ -53,8 +53,8 @@ class Journal(Protocol):
     ) -> None:
         """Log a record delete; `on_commit(ok)` runs on the loop once it is committed.
 
-        The engine applies the delete only in `on_commit(True)` (WAL-first,
-        SEMANTICS §19.12). Raises TopicsError when the log refuses it (nothing
+        The engine applies the delete only in `on_commit(True)` (WAL-first:
+        logged before applied). Raises TopicsError when the log refuses it (nothing
         is called then).
         """
         ...

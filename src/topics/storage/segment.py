@@ -844,7 +844,7 @@ class SegmentReader:
     def mark_deleted(self, seqs: Iterable[int]) -> None:
         """Flip the `.idx` flags byte of each seq to 0xD5 in place, then fdatasync.
 
-        Seed 2 §3.5: a delete never rewrites `.data`; the flag sits outside the
+        (docs/FORMATS.md, "Segment files"): a delete never rewrites `.data`; the flag sits outside the
         checksum. Idempotent. Raises SegmentRangeError (before writing anything)
         for a seq outside the segment.
         """
