@@ -115,7 +115,10 @@ def parse_api_keys(raw: str) -> tuple[ApiKey, ...]:
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """Resource caps (docs/API.md, "16. Limits and the knobs that shape the API"); `0` disables a configurable cap."""
+    """Resource caps; `0` disables a configurable cap.
+
+    See docs/API.md, "16. Limits and the knobs that shape the API".
+    """
 
     max_topics: int = 100_000
     max_routers: int = 10_000

@@ -58,7 +58,10 @@ def not_found_topic(name: str) -> TopicsError:
 
 
 def throttled(limit: str, maximum: int) -> TopicsError:
-    """`429 throttled` for a resource cap, `detail {"limit", "max"}` (docs/API.md, "16. Limits and the knobs that shape the API")."""
+    """`429 throttled` for a resource cap, `detail {"limit", "max"}`.
+
+    See docs/API.md, "16. Limits and the knobs that shape the API".
+    """
     return TopicsError(
         429, "throttled", f"limit {limit} reached (max {maximum})", {"limit": limit, "max": maximum}
     )

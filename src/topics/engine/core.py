@@ -68,7 +68,10 @@ MAX_WAIT_MS = 30_000
 
 
 def encode_cursor(after: str) -> str:
-    """List pagination cursor: padded standard base64 of `{"after": name}` (docs/API.md, "8.3 List cursors")."""
+    """List pagination cursor: padded standard base64 of `{"after": name}`.
+
+    See docs/API.md, "8.3 List cursors".
+    """
     return base64.b64encode(orjson.dumps({"after": after})).decode()
 
 
@@ -87,7 +90,10 @@ def decode_cursor(cursor: str | None) -> str | None:
 
 
 def clamp_page_size(raw: str | None) -> int:
-    """`page_size`: default 100, clamped to [1, 1000], unparsable => 100 (docs/API.md, "6.3 `GET /v0/topics`")."""
+    """`page_size`: default 100, clamped to [1, 1000], unparsable => 100.
+
+    See docs/API.md, "6.3 `GET /v0/topics`".
+    """
     try:
         v = int(raw) if raw is not None else 100
     except ValueError:
@@ -306,7 +312,10 @@ class Engine:
         return now
 
     def topic_state(self, name: str, touch: bool = True) -> dict[str, Any]:
-        """`GET /v0/topics/:t` body without `performance` (docs/API.md, "6.2 `GET /v0/topics/:topic`")."""
+        """`GET /v0/topics/:t` body without `performance`.
+
+        See docs/API.md, "6.2 `GET /v0/topics/:topic`".
+        """
         t = self.require(name)
         now = self.prepare_read(t, consume=touch)
         out: dict[str, Any] = {
@@ -457,7 +466,9 @@ class Engine:
             req.layout = None
 
     def begin_write(self, name: str, req: WriteRequest) -> PendingWrite | Replay | dict[str, Any]:
-        """Resolve, dedupe, admit and stage a write (checks in the order of docs/API.md, "7.1 `POST /v0/topics/:topic`").
+        """Resolve, dedupe, admit and stage a write.
+
+        The checks run in the order of docs/API.md, "7.1 `POST /v0/topics/:topic`".
 
         Returns a replay result dict for an in-window idempotent repeat, a
         :class:`Replay` when a same-key write is still committing, else the staged

@@ -3,8 +3,9 @@
 The engine hands every mutation to a :class:`Journal` before (or, for staged
 writes, instead of) making it visible. :class:`MemoryJournal` is the in-memory
 implementation: it commits every staged write at once and keeps nothing. The
-WAL-backed journal (sharded, group-committed, docs/ARCHITECTURE.md "The write path") implements the same
-protocol and completes writes from its writer threads through the event loop.
+WAL-backed journal (sharded, group-committed; docs/ARCHITECTURE.md, "The write path")
+implements the same protocol and completes writes from its writer threads through the
+event loop.
 """
 
 from __future__ import annotations

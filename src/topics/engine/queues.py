@@ -246,7 +246,10 @@ class QueueState:
     # -------------------------------------------------------------- counters
 
     def counters(self, topic: Topic, now: int) -> dict[str, int]:
-        """`ready`, `in_flight`, `dead_lettered` after a sweep (docs/API.md, "14.7 Queue counters and dead-letter copies")."""
+        """`ready`, `in_flight`, `dead_lettered` after a sweep.
+
+        See docs/API.md, "14.7 Queue counters and dead-letter copies".
+        """
         self.sweep(topic, now)
         in_flight = _count_live(topic, self.leases)
         held = set(self.leases)
@@ -391,7 +394,10 @@ class Queues:
         return node, n, None if lease is None else clamp_lease(lease)
 
     def _parse_batch(self, body: Any, op: str) -> tuple[_Batch, dict[str, Any]]:
-        """Shared ack/nack/extend validation in the order of docs/API.md, "14.3 `POST /v0/topics/:topic/ack`"."""
+        """Shared ack/nack/extend validation.
+
+        The order is that of docs/API.md, "14.3 `POST /v0/topics/:topic/ack`".
+        """
         if not isinstance(body, dict):
             raise bad_request(f"{op} body must be a JSON object")
         # Type / required-field errors first.
@@ -432,7 +438,7 @@ class Queues:
             fences.append(v)
         if not node:
             raise bad_request("node must not be empty")
-        cap = self.engine.limits.max_claim  # TOPICS_MAX_CLAIM, default 1000 (docs/API.md, "16. Limits and the knobs that shape the API")
+        cap = self.engine.limits.max_claim  # TOPICS_MAX_CLAIM, default 1000
         if len(seqs) > cap:
             raise TopicsError(
                 400,
@@ -587,7 +593,10 @@ class Queues:
         lease_override: int | None,
         conn: int | None = None,
     ) -> dict[str, Any]:
-        """Single-claimer claim: the response body without `performance` (docs/API.md, "14.2 `POST /v0/topics/:topic/claim`")."""
+        """Single-claimer claim: the response body without `performance`.
+
+        See docs/API.md, "14.2 `POST /v0/topics/:topic/claim`".
+        """
         t = self.check_queue(name)
         self.validate_node(node)
         jobs = self.claim_pass(name, [Claimer(node, max, conn)], lease_override)[0]
@@ -606,7 +615,10 @@ class Queues:
     # ----------------------------------------------------------- dead letter
 
     def _dead_letter(self, t: Topic, q: QueueState, items: list[_Diverted]) -> None:
-        """Move diverted jobs to the dead-letter topic (docs/API.md, "14.7 Queue counters and dead-letter copies")."""
+        """Move diverted jobs to the dead-letter topic.
+
+        See docs/API.md, "14.7 Queue counters and dead-letter copies".
+        """
         eng = self.engine
         cfg = t.config
         dl_name = cfg.dead_letter
@@ -655,7 +667,10 @@ class Queues:
 
     @staticmethod
     def _dl_record(src: str, max_deliveries: int, it: _Diverted) -> NewRecord:
-        """The dead-letter copy of a job (docs/API.md, "14.7 Queue counters and dead-letter copies"): provenance meta values are strings."""
+        """The dead-letter copy of a job: provenance meta values are strings.
+
+        See docs/API.md, "14.7 Queue counters and dead-letter copies".
+        """
         p = it.payload
         prov = {
             "$dead_letter_from": src,
@@ -684,7 +699,10 @@ class Queues:
         return ls
 
     def ack(self, name: str, body: Any) -> dict[str, Any]:
-        """`POST /v0/topics/:q/ack` body without `performance` (docs/API.md, "14.3 `POST /v0/topics/:topic/ack`")."""
+        """`POST /v0/topics/:q/ack` body without `performance`.
+
+        See docs/API.md, "14.3 `POST /v0/topics/:topic/ack`".
+        """
         b, _ = self._parse_batch(body, "ack")
         t = self.check_queue(name)
         q = self.state(t)
@@ -730,7 +748,10 @@ class Queues:
         return {"ready": c["ready"], "in_flight": c["in_flight"]}
 
     def nack(self, name: str, body: Any) -> dict[str, Any]:
-        """`POST /v0/topics/:q/nack` body without `performance` (docs/API.md, "14.4 `POST /v0/topics/:topic/nack`")."""
+        """`POST /v0/topics/:q/nack` body without `performance`.
+
+        See docs/API.md, "14.4 `POST /v0/topics/:topic/nack`".
+        """
         b, extra = self._parse_batch(body, "nack")
         delay: int = extra["delay_ms"]
         t = self.check_queue(name)
@@ -765,7 +786,10 @@ class Queues:
         }
 
     def extend(self, name: str, body: Any) -> dict[str, Any]:
-        """`POST /v0/topics/:q/extend` body without `performance` (docs/API.md, "14.5 `POST /v0/topics/:topic/extend`")."""
+        """`POST /v0/topics/:q/extend` body without `performance`.
+
+        See docs/API.md, "14.5 `POST /v0/topics/:topic/extend`".
+        """
         b, extra = self._parse_batch(body, "extend")
         lease_ms: int = extra["lease_ms"]
         t = self.check_queue(name)

@@ -230,7 +230,9 @@ def prepare_records(
     max_tag_bytes: int = 256,
     max_node_bytes: int = 128,
 ) -> list[NewRecord]:
-    """Validate a write's `records` array (docs/API.md, "7.1 `POST /v0/topics/:topic`") into :class:`NewRecord` values.
+    """Validate a write's `records` array into :class:`NewRecord` values.
+
+    The rules are those of docs/API.md, "7.1 `POST /v0/topics/:topic`".
 
     Raises TopicsError: `400 invalid_request` (missing/empty `records`, missing
     `data`, bad tag/node/meta), `400 batch_too_large` (> `max_batch` records),

@@ -12,9 +12,9 @@ itself on it:
   source, so the shell's periodic :meth:`RouterSet.drain_dirty` forwards it;
 * ``engine.on_topic_deleted`` - removes every router touching the topic.
 
-One forwarding pass (:meth:`RouterSet.advance`) does, in order: source-trim holes, per-slot skip rules, copy building,
-exactly-once keys, size validation and `discard:"reject"` back-pressure, then a
-single derived append into the dest.
+One forwarding pass (:meth:`RouterSet.advance`) does, in order: source-trim holes,
+per-slot skip rules, copy building, exactly-once keys, size validation and
+`discard:"reject"` back-pressure, then a single derived append into the dest.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ __all__ = [
     "router_meta",
 ]
 
-#: Valid `guarantee` values (docs/API.md, "11.1 `PUT /v0/routers/:router`"); the first is the default.
+#: Valid `guarantee` values (docs/API.md, "11. Routers"); the first is the default.
 GUARANTEES = ("at_least_once", "exactly_once")
 #: Records whose hop count reached this are never forwarded again.
 MAX_HOPS = 8
@@ -85,7 +85,7 @@ class Router:
         return self.guarantee == "exactly_once"
 
     def to_wire(self) -> dict[str, Any]:
-        """The router object of docs/API.md, "11. Routers" (without `created` / `forwarded_total`)."""
+        """The router object (docs/API.md, "11. Routers"), without `created` / `forwarded_total`."""
         return {
             "router": self.name,
             "source": self.source,
@@ -148,7 +148,10 @@ def _not_found_router(name: str) -> TopicsError:
 
 
 def _parse_spec(body: Any) -> _Spec:
-    """Type checks of docs/API.md, "11.1 `PUT /v0/routers/:router`" (every failure is `400 invalid_request`)."""
+    """Body type checks of `PUT /v0/routers/:r`; every failure is `400 invalid_request`.
+
+    See docs/API.md, "11.1 `PUT /v0/routers/:router`".
+    """
     if not isinstance(body, dict):
         raise bad_request("router body must be a JSON object")
     names: builtins.list[str] = []
@@ -314,8 +317,8 @@ class RouterSet:
     def put(self, name: str, body: Any, allow: Allow | None = None) -> tuple[dict[str, Any], bool]:
         """`PUT /v0/routers/:name`; returns (router object, created).
 
-        The checks run in the order of docs/API.md, "11.1 `PUT /v0/routers/:router`": body types (400), body
-        source/dest allowlist (403), router name (400), source == dest (400),
+        The checks run in the order of docs/API.md, "11.1 `PUT /v0/routers/:router`":
+        body types (400), body source/dest allowlist (403), router name (400), source == dest (400),
         topic names (400), `create_dest:false` with an absent dest (404), fan-in
         (409), re-point (409), router cap (429), cycle (409), auto-create of
         missing topics (rolled back on failure), then create or update.

@@ -399,9 +399,9 @@ class Topic:
     def apply_retention(self, now: int) -> bool:
         """Advance TTL/cap floors against `now` and reclaim; True if a floor moved.
 
-        docs/API.md, "5. The topic config object": TTL expires the maximal prefix with `now - ts > ttl_ms`;
-        `cap_records` is a seq window (`head - cap`); `cap_bytes` walks the oldest
-        live bytes until the excess is gone.
+        TTL expires the maximal prefix with `now - ts > ttl_ms`; `cap_records` is a
+        seq window (`head - cap`); `cap_bytes` walks the oldest live bytes until the
+        excess is gone (docs/API.md, "5. The topic config object").
         """
         cfg = self.config
         moved = False

@@ -1,4 +1,6 @@
-"""The topic config object (docs/API.md, "5. The topic config object"): parsing, normalisation and rendering.
+"""The topic config object: parsing, normalisation and rendering.
+
+The object is described in docs/API.md, "5. The topic config object".
 
 A PUT replaces the whole config, so :func:`parse_topic_config` maps an input
 object onto defaults field by field. Unknown fields are ignored; a wrong type is

@@ -94,7 +94,10 @@ class Ctx:
         return v[0] if v else None
 
     def qbool(self, name: str, default: bool) -> bool:
-        """Query boolean: `true`/`1`, `false`/`0`, anything else => default (docs/API.md, "1. Basics")."""
+        """Query boolean: `true`/`1`, `false`/`0`, anything else => default.
+
+        See docs/API.md, "1. Basics".
+        """
         v = self.query(name)
         if v in ("true", "1"):
             return True
@@ -481,7 +484,8 @@ class TopicsApp:
         if m.probe and not self.config.probe_auth:
             return auth.authenticate(None) if not auth.enabled else _ANON
         if m.watch_stream:
-            return _ANON  # session binding is checked by the stream handler (docs/API.md, "12.2 `GET /v0/watch/:wid`")
+            # Session binding is checked by the stream handler (docs/API.md, "12.2 ...").
+            return _ANON
         header = None
         for k, v in scope["headers"]:
             if k == b"authorization":
@@ -557,7 +561,10 @@ class TopicsApp:
     # ------------------------------------------------------------ SSE slots
 
     def acquire_sse(self, key: bytes | None) -> None:
-        """Take an SSE/WS connection slot (global + per key); 429 when full (docs/API.md, "16. Limits and the knobs that shape the API")."""
+        """Take an SSE/WS connection slot (global + per key); 429 when full.
+
+        See docs/API.md, "16. Limits and the knobs that shape the API".
+        """
         lim = self.config.limits
         if lim.max_sse_connections and self.sse_total >= lim.max_sse_connections:
             raise TopicsError(

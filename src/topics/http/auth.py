@@ -1,4 +1,6 @@
-"""Bearer-key authentication and scope/allowlist authorization (docs/API.md, "2. Authentication, scopes and name prefixes").
+"""Bearer-key authentication and scope/allowlist authorization.
+
+The rules are those of docs/API.md, "2. Authentication, scopes and name prefixes".
 
 A key with name prefixes may touch only topics (and routers) whose names start
 with one of them. That holds for every name a request makes the server touch,
@@ -51,7 +53,10 @@ class Principal:
 
 
 def forbidden_name(name: str) -> TopicsError:
-    """The `403 forbidden` for a name outside the key's allowlist (docs/API.md, "2.3 What a prefix-restricted key may touch")."""
+    """The `403 forbidden` for a name outside the key's allowlist.
+
+    See docs/API.md, "2.3 What a prefix-restricted key may touch".
+    """
     return TopicsError(403, "forbidden", f'this key may not access "{name}"', {"topic": name})
 
 

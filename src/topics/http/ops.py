@@ -1,8 +1,8 @@
 """Health, readiness and metrics (docs/API.md, "15. Health, readiness and metrics").
 
-`/v0/metrics` needs `read` (docs/API.md, "2.2 The scope each route needs"). A key with name prefixes gets the
-same document computed over its own share of the instance only: the topics
-whose names its prefixes allow (counts, classes, live records and bytes, queue
+`/v0/metrics` needs `read` (docs/API.md, "2.2 The scope each route needs"). A key
+with name prefixes gets the same document computed over its own share of the
+instance only: the topics whose names its prefixes allow (counts, classes, live records and bytes, queue
 figures and the per-topic series), the routers whose name, source and dest are
 all allowed, its own watch sessions and streaming connections. Instance-wide
 internals that are not per tenant (the WAL and storage sections) are left out
@@ -122,7 +122,9 @@ def _gather(app: TopicsApp, principal: Principal | None = None) -> dict[str, Any
 
 
 def metrics_json(app: TopicsApp, principal: Principal | None = None) -> dict[str, Any]:
-    """The JSON form of `/v0/metrics` (docs/API.md, "15.3 `GET /v0/metrics`"), scoped for a prefix-restricted key.
+    """The JSON form of `/v0/metrics`, scoped for a prefix-restricted key.
+
+    The figures are listed in docs/API.md, "15.3 `GET /v0/metrics`".
 
     `principal` None (or a key without prefixes) gives the whole instance,
     including the `wal` and `storage` sections; a key with prefixes gets the
@@ -202,7 +204,9 @@ def _esc(v: str) -> str:
 
 
 def render_prometheus(app: TopicsApp, principal: Principal | None = None) -> bytes:
-    """Prometheus text exposition 0.0.4 with HELP/TYPE lines (docs/API.md, "15.3 `GET /v0/metrics`").
+    """Prometheus text exposition 0.0.4 with HELP/TYPE lines.
+
+    The series are listed in docs/API.md, "15.3 `GET /v0/metrics`".
 
     Scoped like :func:`metrics_json`: a key with prefixes sees only its own
     topics' series and figures, and no WAL/storage metrics.

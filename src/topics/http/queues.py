@@ -1,4 +1,6 @@
-"""Handlers for queue claim/ack/nack/extend and the `/work` SSE push stream (docs/API.md, "14. Queues").
+"""Handlers for queue claim/ack/nack/extend and the `/work` SSE push stream.
+
+The routes are described in docs/API.md, "14. Queues".
 
 Claims on a topic with `claim_jitter_ms > 0` are coalesced: the first claimer
 opens a cohort and waits out the window, later claimers join, and one claim pass
@@ -108,9 +110,9 @@ def check_dead_letter(principal: Principal, t: Topic) -> None:
     """A claim may move jobs into the queue's dead-letter topic: the key must be allowed it.
 
     A claim pass diverts a job whose deliveries exceed `max_deliveries` into
-    `dead_letter`, creating that topic on demand (docs/API.md, "14.7 Queue counters and dead-letter copies"). So a claim
-    (or `/work` stream) by a key with name prefixes is refused with
-    `403 forbidden` (`detail {"topic": dead_letter}`) when the queue can
+    `dead_letter`, creating that topic on demand (docs/API.md, "14.7 Queue counters
+    and dead-letter copies"). So a claim (or `/work` stream) by a key with name
+    prefixes is refused with `403 forbidden` (`detail {"topic": dead_letter}`) when the queue can
     dead-letter into a name outside them, whether or not a job is due to move
     in this pass; nothing is claimed then.
     """
@@ -196,7 +198,10 @@ SSE_HEADERS = [
 
 
 async def work(ctx: Ctx) -> None:
-    """`GET /v0/topics/:q/work`: push claimed jobs as SSE `job` frames (docs/API.md, "14.6 `GET /v0/topics/:topic/work`")."""
+    """`GET /v0/topics/:q/work`: push claimed jobs as SSE `job` frames.
+
+    See docs/API.md, "14.6 `GET /v0/topics/:topic/work`".
+    """
     app = ctx.app
     q = app.queues
     if not _accepts_sse(ctx):

@@ -18,7 +18,9 @@ __all__ = ["put_router", "get_router", "list_routers", "delete_router"]
 
 
 def _check_router_names(ctx: Ctx, name: str) -> None:
-    """On an existing router, its source and dest must be allowlisted too (docs/API.md, "2.3 What a prefix-restricted key may touch").
+    """On an existing router, its source and dest must be allowlisted too.
+
+    See docs/API.md, "2.3 What a prefix-restricted key may touch".
 
     Raises `403 forbidden` with `detail {"topic": name}` for the first name
     outside the key's prefixes; an absent router passes (the handler 404s).

@@ -135,7 +135,10 @@ async def write(ctx: Ctx) -> Resp:
 
 
 def render_diff(t: Topic, r: object, t0: float) -> bytes:
-    """Splice stored record fragments into a diff response body (docs/API.md, "8.1 `POST /v0/topics/:topic/diff`")."""
+    """Splice stored record fragments into a diff response body.
+
+    See docs/API.md, "8.1 `POST /v0/topics/:topic/diff`".
+    """
     from topics.engine.topic import ReadResult
 
     assert isinstance(r, ReadResult)
@@ -162,7 +165,10 @@ def render_diff(t: Topic, r: object, t0: float) -> bytes:
 
 
 async def diff(ctx: Ctx) -> Resp:
-    """`POST /v0/topics/:t/diff` with optional long-poll (docs/API.md, "8.1 `POST /v0/topics/:topic/diff`")."""
+    """`POST /v0/topics/:t/diff` with optional long-poll.
+
+    See docs/API.md, "8.1 `POST /v0/topics/:topic/diff`".
+    """
     eng = ctx.engine
     name = ctx.params["topic"]
     p = eng.parse_diff(ctx.body)

@@ -81,7 +81,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: The record schema (docs/SPARK.md, "Schema"; Spark DDL). `data` is `binary` with `valueFormat=binary`.
+#: The record schema (docs/SPARK.md, "Schema"), as Spark DDL.
+#: `data` is `binary` with `valueFormat=binary`.
 DDL_SCHEMA = (
     "topic string, seq long, ts timestamp, tag string, node string, meta string, data string"
 )

@@ -4,8 +4,9 @@
   errors, `429` and `503` (honouring `Retry-After`), and the error envelope
   (docs/API.md, "3.1 The envelope") turned into :class:`ServerError`.
 * Offsets are per-topic cursors: `{"topic": seq}` where `seq` is the last seq a
-  read has covered, i.e. the `from_seq` of the next `diff` (docs/API.md, "8.1 `POST /v0/topics/:topic/diff`"). A range
-  `(start, end]` of one topic is read with :func:`read_range`.
+  read has covered, i.e. the `from_seq` of the next `diff` (docs/API.md, "8. Reading:
+  diff, cursors and pagination"). A range `(start, end]` of one topic is read
+  with :func:`read_range`.
 * :func:`read_range` follows Spark's Kafka source on data loss: a tombstone
   (docs/SPARK.md, "Data loss": records evicted by cap/TTL/source trim, or the topic recreated)
   raises :class:`DataLossError` with the gap when `fail_on_data_loss`, and is
@@ -54,7 +55,10 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,254}$")
 
 
 class ServerError(RuntimeError):
-    """A non-2xx answer from the server: `status`, `code` (docs/API.md, "3.3 Every error code"), `message`."""
+    """A non-2xx answer from the server: `status`, `code`, `message`.
+
+    See docs/API.md, "3.3 Every error code".
+    """
 
     def __init__(self, method: str, path: str, status: int, code: str, message: str) -> None:
         super().__init__(f"{method} {path}: HTTP {status} {code}: {message}")
@@ -169,11 +173,17 @@ class Client:
     # -- endpoints --------------------------------------------------------------------
 
     def topic_state(self, topic: str) -> dict[str, Any] | None:
-        """`GET /v0/topics/:t?touch=false` (docs/API.md, "6.2 `GET /v0/topics/:topic`"), None when the topic does not exist."""
+        """`GET /v0/topics/:t?touch=false`, None when the topic does not exist.
+
+        See docs/API.md, "6.2 `GET /v0/topics/:topic`".
+        """
         return self.request("GET", f"/v0/topics/{topic}", params={"touch": "false"}, ok404=True)
 
     def list_topics(self) -> list[str]:
-        """Every topic name the key may see (`GET /v0/topics`, all pages, docs/API.md, "6.3 `GET /v0/topics`")."""
+        """Every topic name the key may see (`GET /v0/topics`, all pages).
+
+        See docs/API.md, "6.3 `GET /v0/topics`".
+        """
         names: list[str] = []
         cursor: str | None = None
         while True:
@@ -188,7 +198,10 @@ class Client:
                 return names
 
     def diff(self, topic: str, from_seq: int, limit: int = _DIFF_LIMIT) -> dict[str, Any] | None:
-        """`POST /v0/topics/:t/diff` with tags and meta (docs/API.md, "8.1 `POST /v0/topics/:topic/diff`"); None when the topic is gone."""
+        """`POST /v0/topics/:t/diff` with tags and meta; None when the topic is gone.
+
+        See docs/API.md, "8.1 `POST /v0/topics/:topic/diff`".
+        """
         body = orjson.dumps(
             {
                 "from_seq": from_seq,
@@ -201,7 +214,10 @@ class Client:
         return self.request("POST", f"/v0/topics/{topic}/diff", body=body, ok404=True)
 
     def append(self, topic: str, body: bytes) -> dict[str, Any]:
-        """`POST /v0/topics/:t?return_seqs=false` with a ready JSON body (docs/API.md, "7.1 `POST /v0/topics/:topic`")."""
+        """`POST /v0/topics/:t?return_seqs=false` with a ready JSON body.
+
+        See docs/API.md, "7.1 `POST /v0/topics/:topic`".
+        """
         out = self.request(
             "POST", f"/v0/topics/{topic}", body=body, params={"return_seqs": "false"}
         )
@@ -310,7 +326,8 @@ class RecordSink:
     key is `f"{key_prefix}:{topic}:{n}"` with `n` the chunk's number within the
     topic for this task, so the same input in the same order (a retried task)
     produces the same keys and the server returns the first write instead of
-    appending again (docs/API.md, "7.2 Idempotent writes", within the topic's `idempotency_window_ms`).
+    appending again, within the topic's `idempotency_window_ms` (docs/API.md,
+    "7.2 Idempotent writes").
     """
 
     def __init__(

@@ -399,7 +399,10 @@ class _ServerOptions:
 
 
 def _start_cursor(spec: int, state: Mapping[str, Any]) -> int:
-    """The cursor (`from_seq`) a position resolves to for a topic in `state` (docs/API.md, "6.2 `GET /v0/topics/:topic`")."""
+    """The cursor (`from_seq`) a position resolves to for a topic in `state`.
+
+    See docs/API.md, "6.2 `GET /v0/topics/:topic`".
+    """
     if spec == EARLIEST:
         return max(int(state["earliest_seq"]) - 1, 0)
     if spec == LATEST:

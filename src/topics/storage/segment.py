@@ -844,9 +844,9 @@ class SegmentReader:
     def mark_deleted(self, seqs: Iterable[int]) -> None:
         """Flip the `.idx` flags byte of each seq to 0xD5 in place, then fdatasync.
 
-        (docs/FORMATS.md, "Segment files"): a delete never rewrites `.data`; the flag sits outside the
-        checksum. Idempotent. Raises SegmentRangeError (before writing anything)
-        for a seq outside the segment.
+        A delete never rewrites `.data`; the flag sits outside the checksum
+        (docs/FORMATS.md, "Segment files"). Idempotent. Raises SegmentRangeError
+        (before writing anything) for a seq outside the segment.
         """
         wanted = sorted(set(seqs))
         if not wanted:
