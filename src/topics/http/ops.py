@@ -2,9 +2,10 @@
 
 `/v0/metrics` needs `read` (docs/API.md, "2.2 The scope each route needs"). A key
 with name prefixes gets the same document computed over its own share of the
-instance only: the topics whose names its prefixes allow (counts, classes, live records and bytes, queue
-figures and the per-topic series), the routers whose name, source and dest are
-all allowed, its own watch sessions and streaming connections. Instance-wide
+instance only: the topics whose names its prefixes allow (counts, classes, live
+records and bytes, queue figures and the per-topic series), the routers whose
+name, source and dest are all allowed, its own watch sessions and streaming
+connections. Instance-wide
 internals that are not per tenant (the WAL and storage sections) are left out
 for such a key. A key without prefixes sees the whole instance.
 """
