@@ -31,7 +31,7 @@ class TopicsError(Exception):
         self.code = code
         self.message = message
         self.detail = detail
-        # 429 and 503 always carry Retry-After (docs/API.md, "3.3 Every error code"); 1 s.
+        # 429 and 503 always carry Retry-After: 1 (docs/API.md, "3.1 The envelope").
         if retry_after is None and status in (429, 503):
             retry_after = 1
         self.retry_after = retry_after

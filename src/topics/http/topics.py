@@ -1,4 +1,8 @@
-"""Handlers for topic lifecycle, write, diff and record delete (docs/API.md, "6." to "10.")."""
+"""Handlers for topic lifecycle, write, diff and record delete.
+
+The routes are described in docs/API.md, sections 6 ("6. Topics") to 10
+("10. Deleting records").
+"""
 
 from __future__ import annotations
 
