@@ -189,7 +189,7 @@ async def _serve(cfg: ServerConfig) -> int:
             segment_max_age_ms=cfg.segment_max_age_ms,
             interval_ms=cfg.checkpoint_interval_ms,
             wal_bytes=cfg.checkpoint_wal_bytes,
-            # Triggers are checked every 5 s (SEMANTICS §17), or 4 times per interval.
+            # Triggers are checked every 5 s, or 4 times per interval when that is shorter.
             check_s=min(5.0, max(0.02, cfg.checkpoint_interval_ms / 4000))
             if cfg.checkpoint_interval_ms
             else 5.0,

@@ -63,7 +63,7 @@ _SCOPE_TOKENS: dict[str, frozenset[str]] = {
 class ApiKey:
     """One configured key: SHA-256 digest of the secret, scopes, name prefixes.
 
-    `prefixes` empty means any name is allowed (API §1.2).
+    `prefixes` empty means any name is allowed (docs/API.md, "2.1 Keys").
     """
 
     digest: bytes
@@ -76,7 +76,7 @@ class ApiKey:
 
 
 def parse_api_keys(raw: str) -> tuple[ApiKey, ...]:
-    """Parse `TOPICS_API_KEYS` (API §1.2 entry syntax).
+    """Parse `TOPICS_API_KEYS` (entry syntax: docs/API.md, "2.1 Keys").
 
     Entries are comma-separated and trimmed; each is `secret`, `secret:SCOPES`,
     `secret:SCOPES:PREFIXES` or `secret::PREFIXES`. Raises :class:`ConfigError` on
@@ -115,7 +115,10 @@ def parse_api_keys(raw: str) -> tuple[ApiKey, ...]:
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """Resource caps of API §12; `0` disables a configurable cap."""
+    """Resource caps; `0` disables a configurable cap.
+
+    See docs/API.md, "16. Limits and the knobs that shape the API".
+    """
 
     max_topics: int = 100_000
     max_routers: int = 10_000
@@ -125,7 +128,7 @@ class Limits:
     max_inflight_per_key: int = 1_000
     max_total_bytes: int = 0
     max_body_bytes: int = 67_108_864
-    # Constants in the original (API §12 [src]); readable from the env, same defaults.
+    # Fixed values of the /v0 contract; readable from the env, same defaults.
     max_batch_records: int = 10_000
     max_record_bytes: int = 1_048_576
     max_meta_bytes: int = 16_384
@@ -139,7 +142,7 @@ class Limits:
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
-    """Everything `topics serve` reads from its environment (API §13)."""
+    """Everything `topics serve` reads (README "Configuration")."""
 
     host: str = "127.0.0.1"
     port: int = 4000
@@ -180,7 +183,7 @@ class ServerConfig:
 
     @property
     def auth_enabled(self) -> bool:
-        """Auth is on iff at least one key is configured (API §1.2 "dev mode")."""
+        """Auth is on iff at least one key is configured (docs/API.md, "2.1 Keys": dev mode)."""
         return bool(self.api_keys)
 
 
@@ -248,7 +251,7 @@ def _bool(env: Mapping[str, str], name: str) -> bool:
 
 
 def is_loopback_host(host: str) -> bool:
-    """True when every address `host` resolves to is loopback (API §1.2).
+    """True when every address `host` resolves to is loopback.
 
     Unspecified addresses (`0.0.0.0`, `::`) and unresolvable hosts are not loopback.
     """

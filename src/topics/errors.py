@@ -2,7 +2,7 @@
 
 A :class:`TopicsError` carries the stable `code` discriminator, the HTTP status,
 a free-text message and an optional `detail` object, exactly the canonical body
-of API §1.7::
+of docs/API.md, "3.1 The envelope"::
 
     {"error": {"code": "...", "message": "...", "detail": {...}}}
 """
@@ -15,7 +15,7 @@ __all__ = ["TopicsError", "bad_request", "not_found_topic", "throttled"]
 
 
 class TopicsError(Exception):
-    """A request-level failure with its wire code and status (API §1.7)."""
+    """A request-level failure with its wire code and status (docs/API.md, "3.1 The envelope")."""
 
     def __init__(
         self,
@@ -31,7 +31,7 @@ class TopicsError(Exception):
         self.code = code
         self.message = message
         self.detail = detail
-        # 429 and 503 always carry Retry-After (API §1.7); the original uses 1 s.
+        # 429 and 503 always carry Retry-After: 1 (docs/API.md, "3.1 The envelope").
         if retry_after is None and status in (429, 503):
             retry_after = 1
         self.retry_after = retry_after
@@ -58,7 +58,10 @@ def not_found_topic(name: str) -> TopicsError:
 
 
 def throttled(limit: str, maximum: int) -> TopicsError:
-    """`429 throttled` for a resource cap, `detail {"limit", "max"}` (API §12)."""
+    """`429 throttled` for a resource cap, `detail {"limit", "max"}`.
+
+    See docs/API.md, "16. Limits and the knobs that shape the API".
+    """
     return TopicsError(
         429, "throttled", f"limit {limit} reached (max {maximum})", {"limit": limit, "max": maximum}
     )

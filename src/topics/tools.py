@@ -208,7 +208,7 @@ def repair(data_dir: str, *, dry_run: bool = False, fs: Fs | None = None) -> int
 
 
 def spark_export(args: argparse.Namespace) -> int:
-    """`topics spark-export DATA_DIR --to parquet OUT` (issue 4 §5; topics.spark.export).
+    """`topics spark-export DATA_DIR --to parquet OUT` (docs/SPARK.md, "Bulk export to Parquet").
 
     Exit 0 on success, 1 when a frame does not verify, 2 on a usage error (missing
     data dir, non-empty OUT, pyarrow not installed).

@@ -1,7 +1,7 @@
 """The sans-I/O engine: topics, retention, reads, deletes, routers, queues, watches.
 
 Nothing in this package performs I/O or reads the wall clock; the asyncio shell
-in :mod:`topics.http` drives it (DESIGN §1).
+in :mod:`topics.http` (docs/ARCHITECTURE.md, "Layers").
 """
 
 from topics.engine.core import Engine

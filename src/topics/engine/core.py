@@ -4,7 +4,7 @@ Sans-I/O and synchronous: callers pass parsed JSON bodies, the engine returns
 JSON-ready results or raises :class:`~topics.errors.TopicsError`. Time comes
 from the injected :class:`~topics.clock.Clock`; durable logging goes through the
 injected :class:`~topics.engine.journal.Journal`. All calls must come from the
-one event loop that owns the engine (DESIGN §1): there are no locks.
+one event loop that owns the engine (docs/ARCHITECTURE.md, "Threads"): there are no locks.
 
 Writes are two-phase so storage can slot in underneath: :meth:`Engine.begin_write`
 validates, admits and stages a batch (seqs assigned, nothing visible);
@@ -68,7 +68,10 @@ MAX_WAIT_MS = 30_000
 
 
 def encode_cursor(after: str) -> str:
-    """List pagination cursor: padded standard base64 of `{"after": name}` (API §1.8)."""
+    """List pagination cursor: padded standard base64 of `{"after": name}`.
+
+    See docs/API.md, "8.3 List cursors".
+    """
     return base64.b64encode(orjson.dumps({"after": after})).decode()
 
 
@@ -87,7 +90,10 @@ def decode_cursor(cursor: str | None) -> str | None:
 
 
 def clamp_page_size(raw: str | None) -> int:
-    """`page_size`: default 100, clamped to [1, 1000], unparsable => 100 (API §1.8)."""
+    """`page_size`: default 100, clamped to [1, 1000], unparsable => 100.
+
+    See docs/API.md, "6.3 `GET /v0/topics`".
+    """
     try:
         v = int(raw) if raw is not None else 100
     except ValueError:
@@ -97,7 +103,7 @@ def clamp_page_size(raw: str | None) -> int:
 
 @dataclass(slots=True)
 class WriteRequest:
-    """A validated write body (API §4).
+    """A validated write body (docs/API.md, "7.1 `POST /v0/topics/:topic`").
 
     `layout` holds the batch's frames laid out ahead of staging by
     :meth:`Engine.prepare_write` (large writes only), else None.
@@ -137,7 +143,7 @@ class Replay:
 
 @dataclass(slots=True)
 class DiffParams:
-    """Normalised read parameters (API §5)."""
+    """Normalised read parameters (docs/API.md, "8.1 `POST /v0/topics/:topic/diff`")."""
 
     from_seq: int
     limit: int
@@ -168,7 +174,7 @@ class Engine:
         fs: Fs | None = None,
     ) -> None:
         self.clock = clock
-        # The filesystem seam every durable byte goes through (DESIGN §4); unused
+        # The filesystem seam every durable byte goes through; unused
         # by the in-memory journal, handed to the WAL-backed one.
         self.fs = fs
         self.limits = limits or Limits()
@@ -246,7 +252,7 @@ class Engine:
     # ------------------------------------------------------- topic lifecycle
 
     def put_topic(self, name: str, body: Any) -> tuple[Topic, bool]:
-        """Create or fully reconfigure `name` (API §3.1); returns (topic, created).
+        """Create or fully reconfigure `name` (PUT); returns (topic, created).
 
         Raises 400 (name/config), 409 topic_exists_incompatible (type change),
         429 throttled (topic cap).
@@ -285,7 +291,7 @@ class Engine:
         return t, True
 
     def effective_priority(self, t: Topic, now: int) -> int:
-        """SEMANTICS §13: manual priority, else 500 * 2^(-idle/30 s) recency boost."""
+        """Manual priority, else 500 * 2^(-idle/30 s) recency boost."""
         cfg = t.config
         base = min(max(cfg.priority or 0, -1000), 1000)
         auto = 0.0
@@ -306,7 +312,10 @@ class Engine:
         return now
 
     def topic_state(self, name: str, touch: bool = True) -> dict[str, Any]:
-        """`GET /v0/topics/:t` body without `performance` (API §3.2)."""
+        """`GET /v0/topics/:t` body without `performance`.
+
+        See docs/API.md, "6.2 `GET /v0/topics/:topic`".
+        """
         t = self.require(name)
         now = self.prepare_read(t, consume=touch)
         out: dict[str, Any] = {
@@ -335,7 +344,7 @@ class Engine:
         touch: bool = False,
         allow: Callable[[str], bool] | None = None,
     ) -> dict[str, Any]:
-        """`GET /v0/topics` body without `performance` (API §3.3)."""
+        """`GET /v0/topics` body without `performance` (docs/API.md, "6.3 `GET /v0/topics`")."""
         after = decode_cursor(cursor)
         names = sorted(n for n in self.topics if n.startswith(prefix))
         if after is not None:
@@ -368,7 +377,7 @@ class Engine:
         return out
 
     def delete_topic(self, name: str, if_empty: bool = False) -> dict[str, Any]:
-        """`DELETE /v0/topics/:t` (API §3.4): ends the instance and its routers."""
+        """`DELETE /v0/topics/:t`: ends the instance and its routers."""
         t = self.topics.get(name)
         if t is None:
             return {"deleted": False, "routers_removed": []}
@@ -391,7 +400,7 @@ class Engine:
     # ------------------------------------------------------------ write path
 
     def parse_write(self, body: Any, header_key: str | None) -> WriteRequest:
-        """Validate a write body (API §4); raises 400s before any topic lookup."""
+        """Validate a write body; raises 400s before any topic lookup."""
         if not isinstance(body, dict):
             raise bad_request("write body must be a JSON object")
         lim = self.limits
@@ -457,7 +466,9 @@ class Engine:
             req.layout = None
 
     def begin_write(self, name: str, req: WriteRequest) -> PendingWrite | Replay | dict[str, Any]:
-        """Resolve, dedupe, admit and stage a write (API §4 admission order).
+        """Resolve, dedupe, admit and stage a write.
+
+        The checks run in the order of docs/API.md, "7.1 `POST /v0/topics/:topic`".
 
         Returns a replay result dict for an in-window idempotent repeat, a
         :class:`Replay` when a same-key write is still committing, else the staged
@@ -512,7 +523,7 @@ class Engine:
         return pw
 
     def admit(self, t: Topic, records: list[NewRecord]) -> None:
-        """Admission checks of API §4 steps 3-4: `discard:"reject"` caps and the byte quota.
+        """Admission checks: `discard:"reject"` caps and the byte quota.
 
         Raises `400 record_too_large` (can never fit), `422 topic_full`, or `429
         throttled` (`max_total_bytes`); changes nothing.
@@ -531,10 +542,10 @@ class Engine:
                 )
             count = t.live_count + t.pending_count
             size = t.live_bytes + t.pending_bytes
-            # cap_records is a seq window (SEMANTICS §5.2 [src]). After mid-log deletes
+            # cap_records is a seq window. After mid-log deletes
             # the live count can be under the cap while the window would still pass
             # the first live seq; refusing that batch too keeps "never ack-then-drop"
-            # (SEMANTICS §19.11).
+            # (a record is never acknowledged and then evicted at once).
             window_floor = t.next_seq - 1 + n - cfg.cap_records
             if (
                 cfg.cap_records and (count + n > cfg.cap_records or t.earliest_seq <= window_floor)
@@ -584,12 +595,12 @@ class Engine:
                     list(range(pw.first_seq, pw.last_seq + 1)), pw.head_after, pw.ts
                 )
         if pw.ok and t.alive:
-            # discard:"old" eviction after publish (API §4 step 6).
+            # discard:"old" eviction after publish.
             t.apply_retention(self.clock.now_ms())
             self.on_published(t)
 
     def write_result(self, pw: PendingWrite, return_seqs: bool = True) -> dict[str, Any]:
-        """The ack body for a published batch (API §4); `500 internal` if its commit failed
+        """The ack body for a published batch; `500 internal` if its commit failed
         (or the journal's own error, e.g. `507 insufficient_storage`)."""
         if not pw.ok:
             if pw.error is not None:
@@ -626,7 +637,7 @@ class Engine:
         }
 
     def append_derived(self, t: Topic, records: list[NewRecord]) -> PendingWrite:
-        """Append copies that are derived, not logged (router forwarding, SEMANTICS §12.2)."""
+        """Append copies that are derived, not logged (router forwarding)."""
         pw = t.stage(records, self.clock.now_ms(), None)
         t.complete(pw, True)
         t.apply_retention(self.clock.now_ms())
@@ -643,7 +654,7 @@ class Engine:
     # ------------------------------------------------------------- read path
 
     def parse_diff(self, body: Any) -> DiffParams:
-        """Validate a diff body (API §5); clamps rather than rejects oversize values."""
+        """Validate a diff body; clamps rather than rejects oversize values."""
         if body is None:
             body = {}
         if not isinstance(body, dict):
@@ -659,7 +670,7 @@ class Engine:
         )
 
     def diff(self, name: str, p: DiffParams) -> tuple[Topic, ReadResult]:
-        """One diff pass (SEMANTICS §6) on `name`; `404` when absent."""
+        """One diff pass on `name`; `404` when absent."""
         t = self.require(name)
         now = self.prepare_read(t)
         r = t.read(
@@ -676,11 +687,12 @@ class Engine:
     # ----------------------------------------------------------- record delete
 
     def begin_delete(self, name: str, body: Any) -> PendingDelete:
-        """Start `POST /v0/topics/:t/delete` (API §6, SEMANTICS §8): permanent, silent, point-in-time.
+        """Start `POST /v0/topics/:t/delete`: permanent, silent, point-in-time.
 
-        Validates, fixes the point-in-time bound (head + 1 now) and logs the Delete
-        frame; the delete is applied when the frame commits (WAL-first, SEMANTICS
-        §19.12), at once with a journal that commits synchronously. Raises 400
+        The route is described in docs/API.md, "10. Deleting records". Validates,
+        fixes the point-in-time bound (head + 1 now) and logs the Delete frame; the
+        delete is applied when the frame commits (WAL-first: logged before applied),
+        at once with a journal that commits synchronously. Raises 400
         (body), 404 (topic), or the journal's refusal (429/500); nothing changes then.
         """
         if not isinstance(body, dict):
@@ -730,7 +742,7 @@ class Engine:
         return self.delete_result(op)
 
     def apply_delete(self, t: Topic, before: int | None, pred: Predicate | None, bound: int) -> int:
-        """Apply a (logged) record delete with its point-in-time `bound` (SEMANTICS §8).
+        """Apply a (logged) record delete with its point-in-time `bound`.
 
         `match` victims are live tagged seqs below `min(before_seq, bound)`; a
         `before_seq`-only delete removes every live seq below it and raises

@@ -5,13 +5,13 @@ copies it into a segment it sits in an in-memory :class:`Chunk` (the WAL
 encoding of the write that produced it); afterwards in a segment `.data` file.
 A slot's `loc` names the source in the topic's source table, `offset`/`len`
 the frame inside it. Reads render the wire object straight from the frame
-bytes: `data` and `meta` are spliced as stored, never parsed (DESIGN §3).
+bytes: `data` and `meta` are spliced as stored, never parsed.
 
 The two frame layouts differ only in the WAL's leading `type` byte, so a source
 says where its header ends (`hdr`: 38 for WAL frames, 37 for segment frames);
 the three length fields are the last 8 header bytes in both. Sources whose bytes
 come from disk set `verify`: each frame read is checked (length prefix, seq,
-XXH3-64) and a mismatch raises :class:`FrameCorrupt` (seed 0: corruption in a
+XXH3-64) and a mismatch raises :class:`FrameCorrupt` (corruption in a
 sealed segment is surfaced, never skipped).
 """
 
@@ -51,7 +51,7 @@ Buf = bytes | Any  # bytes, or an mmap / buffer supporting slicing to bytes
 
 
 class FrameCorrupt(Exception):
-    """A frame read from disk does not verify (SEMANTICS §17: surfaced corruption).
+    """A frame read from disk does not verify (surfaced corruption, never skipped).
 
     Attributes: `source` (file or chunk name), `seq`, `reason`.
     """
@@ -160,7 +160,7 @@ def render_frames(
     include_meta: bool = True,
     include_data: bool = True,
 ) -> None:
-    """Append the wire object (API §1.6) of each record to `out`.
+    """Append the wire object (docs/API.md, "4. Records") of each record to `out`.
 
     The five sequences run in parallel, one entry per record of `src`
     (`offs`/`lens` locate its frame, `flags` are slot flags, `tss` its ts in ms).

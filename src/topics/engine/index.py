@@ -1,7 +1,7 @@
 """Per-topic slot index: a growable numpy structured array, base + offset.
 
 Slot `i` holds seq `base_seq + i`; lookup is arithmetic, never a hash. The first
-four fields mirror the 20-byte `.idx` entry of the segment seed
+four fields mirror the 20-byte `.idx` entry of a segment file
 (`offset u32, len u32, ts u64, flags u8` + 3 pad bytes); the rest are in-memory
 only:
 
@@ -10,18 +10,18 @@ only:
   (:mod:`topics.engine.frames`), or :data:`LOC_HOLE` for a seq that never had
   a record (failed write, padding, trim hole);
 * `hops` - router hop count (0 for records loaded from disk);
-* `bytes` - payload bytes for accounting (`data` + `meta`, SEMANTICS §1.3; 0
+* `bytes` - payload bytes for accounting (`data` + `meta`, docs/API.md, "4. Records"; 0
   once deleted);
 * `node` - interned node id, 0 = no node, :data:`NODE_UNKNOWN` = the frame
   has a node that has not been read yet (records loaded from disk).
 
 `offset`/`len` locate the frame inside its source. `flags` is the frame's own
 flags byte (bit0 has_tag, bit1 has_node, bit2 durable, bit3 has_meta), or
-:data:`DELETED` (0xD5), the value the seed flips in a sealed segment's `.idx`
-(SEMANTICS §17). No frame ever carries 0xD5 (bits 6 and 7 are unused).
+:data:`DELETED` (0xD5), the value a delete flips in a sealed segment's `.idx`
+(docs/FORMATS.md, "Segment files"). No frame ever carries 0xD5 (bits 6 and 7 are unused).
 
 Memory: 30 bytes a slot, and the array grows by a quarter when full, so a topic
-costs at most about 38 bytes per retained seq (DESIGN §3: bounded by the entry
+costs at most about 38 bytes per retained seq (bounded by the entry
 count, not by payload volume).
 """
 

@@ -3,8 +3,9 @@
 The engine hands every mutation to a :class:`Journal` before (or, for staged
 writes, instead of) making it visible. :class:`MemoryJournal` is the in-memory
 implementation: it commits every staged write at once and keeps nothing. The
-WAL-backed journal (sharded, group-committed, SEMANTICS §14) implements the same
-protocol and completes writes from its writer threads through the event loop.
+WAL-backed journal (sharded, group-committed; docs/ARCHITECTURE.md, "The write path")
+implements the same protocol and completes writes from its writer threads through the
+event loop.
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ class Journal(Protocol):
     ) -> None:
         """Log a record delete; `on_commit(ok)` runs on the loop once it is committed.
 
-        The engine applies the delete only in `on_commit(True)` (WAL-first,
-        SEMANTICS §19.12). Raises TopicsError when the log refuses it (nothing
+        The engine applies the delete only in `on_commit(True)` (WAL-first:
+        logged before applied). Raises TopicsError when the log refuses it (nothing
         is called then).
         """
         ...

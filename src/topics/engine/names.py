@@ -1,4 +1,4 @@
-"""Name validation for topics and routers (API §1.11)."""
+"""Name validation for topics and routers (docs/API.md, "1. Basics", Names)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Typed field readers for request bodies (pure; raise `400 invalid_request`).
 
-Unknown fields are ignored everywhere (API §1.1); a present field of the wrong
+Unknown fields are ignored everywhere (docs/API.md, "1. Basics"); a present field of the wrong
 type is a `400`.
 """
 
@@ -76,7 +76,7 @@ def node_set(body: dict[str, Any], key: str = "node") -> list[str] | None:
 
 
 def predicate(v: Any) -> Predicate:
-    """Parse a tag predicate (API §6).
+    """Parse a tag predicate (docs/API.md, "10. Deleting records").
 
     `["tag","Eq","v"]`, `["tag","Glob","p*"]`, or a bare string (Eq, but a bare
     string ending in `*` is a Glob prefix [src]).

@@ -1,4 +1,4 @@
-"""Queues: the lease model on top of a queue topic (SEMANTICS §15, API §10).
+"""Queues: the lease model on top of a queue topic (docs/API.md, "14. Queues").
 
 A queue topic is an ordinary topic (the *jobs log*) plus a :class:`QueueState`
 kept in ``topic.queue``: the in-memory projection of the *leases log* (active
@@ -19,10 +19,10 @@ support keep working):
 * ``journal.lease_event(topic, kind, seq, node, lease_id, deadline, deliveries)``
   - one leases-log event (``claimed``, ``released``, ``extended``, ``acked``),
   called only when ``leases_durable`` is on and the class is not ``ephemeral``;
-  failures are ignored (SEMANTICS §15.1). For ``released`` the ``deadline``
+  failures are ignored (the leases log is best effort). For ``released`` the ``deadline``
   argument carries the delayed nack's ready time (``0`` = claimable at once).
 * ``journal.seqs_deleted(topic, seqs)`` - log an explicit-seq-list record delete
-  (queue acks and dead-letter moves, SEMANTICS §17). For ``fsync`` queues it is
+  (queue acks and dead-letter moves). For ``fsync`` queues it is
   called before the delete and a failure aborts the ack with ``500``; for the
   other classes it is called after the delete and failures are ignored.
 """
@@ -71,7 +71,7 @@ _U32_MAX = (1 << 32) - 1
 # Meta key used when a dead-lettered job's original meta is not a JSON object
 # (array, string, number, bool): the copy's meta becomes an object holding the
 # original under this key plus the three provenance keys (mirrors the router's
-# `_topics_original_meta` wrapping, SEMANTICS §12.5).
+# `_topics_original_meta` wrapping, docs/API.md, "11. Routers").
 DEAD_LETTER_ORIGINAL_META = "$dead_letter_original_meta"
 
 
@@ -81,7 +81,7 @@ def clamp_lease(ms: int) -> int:
 
 
 def lease_wire(lease_id: int) -> str:
-    """Wire form of a lease id: ``lease_`` + lowercase hex (API §10.1)."""
+    """Wire form of a lease id: ``lease_`` + lowercase hex (docs/API.md, "14.1 Jobs and leases")."""
     return f"lease_{lease_id:x}"
 
 
@@ -116,7 +116,7 @@ def _count_live(t: Topic, seqs: Iterable[int]) -> int:
 
 @dataclass(slots=True)
 class Lease:
-    """An active lease on one job (SEMANTICS §15.2)."""
+    """An active lease on one job."""
 
     node: str
     lease_id: int
@@ -134,7 +134,7 @@ class Claimer:
 
 
 class QueueState:
-    """The lease projection of one queue topic instance (SEMANTICS §15.2)."""
+    """The lease projection of one queue topic instance."""
 
     def __init__(self) -> None:
         self.leases: dict[int, Lease] = {}
@@ -189,7 +189,7 @@ class QueueState:
     # ----------------------------------------------------------------- sweep
 
     def sweep(self, topic: Topic, now: int) -> None:
-        """Lazy expiry (SEMANTICS §15.3): matured nacks and expired leases -> reclaim."""
+        """Lazy expiry: matured nacks and expired leases -> reclaim."""
         delayed = self.delayed
         while delayed and delayed[0][0] <= now:
             _, seq = heapq.heappop(delayed)
@@ -246,7 +246,10 @@ class QueueState:
     # -------------------------------------------------------------- counters
 
     def counters(self, topic: Topic, now: int) -> dict[str, int]:
-        """`ready`, `in_flight`, `dead_lettered` after a sweep (SEMANTICS §15.8)."""
+        """`ready`, `in_flight`, `dead_lettered` after a sweep.
+
+        See docs/API.md, "14.7 Queue counters and dead-letter copies".
+        """
         self.sweep(topic, now)
         in_flight = _count_live(topic, self.leases)
         held = set(self.leases)
@@ -269,7 +272,7 @@ class QueueState:
     def replay(
         self, kind: str, seq: int, node: str, lease_id: int, deadline: int, deliveries: int
     ) -> None:
-        """Apply one replayed leases-log event (SEMANTICS §15.2)."""
+        """Apply one replayed leases-log event."""
         self.next_lease_id = max(self.next_lease_id, lease_id + 1)
         if kind == "claimed":
             self.add_lease(seq, Lease(node, lease_id, deadline, None))
@@ -368,7 +371,7 @@ class Queues:
             raise bad_request(f"node exceeds {limit} bytes")
 
     def parse_claim(self, body: Any) -> tuple[str, int, int | None]:
-        """Claim body (API §10.2) -> (node, max, lease_override); 400 before lookup.
+        """Claim body -> (node, max, lease_override); 400 before lookup.
 
         Empty body or missing `node` => `400 claim requires a node`. `max`: 0 => 1,
         clamped to `limits.max_claim`; `lease_ms` clamped to [100, 86400000].
@@ -391,10 +394,13 @@ class Queues:
         return node, n, None if lease is None else clamp_lease(lease)
 
     def _parse_batch(self, body: Any, op: str) -> tuple[_Batch, dict[str, Any]]:
-        """Shared ack/nack/extend validation in the order of API §10.3."""
+        """Shared ack/nack/extend validation.
+
+        The order is that of docs/API.md, "14.3 `POST /v0/topics/:topic/ack`".
+        """
         if not isinstance(body, dict):
             raise bad_request(f"{op} body must be a JSON object")
-        # Type / required-field errors first (API §1.4 step 6).
+        # Type / required-field errors first.
         node = body.get("node")
         if node is None:
             raise bad_request(f"{op} requires a node")
@@ -432,7 +438,7 @@ class Queues:
             fences.append(v)
         if not node:
             raise bad_request("node must not be empty")
-        cap = self.engine.limits.max_claim  # TOPICS_MAX_CLAIM, default 1000 (API §12)
+        cap = self.engine.limits.max_claim  # TOPICS_MAX_CLAIM, default 1000
         if len(seqs) > cap:
             raise TopicsError(
                 400,
@@ -466,11 +472,11 @@ class Queues:
             return
         try:
             hook(t, kind, seq, node, lease_id, deadline, deliveries)
-        except Exception:  # the leases log is best effort (§15.1)
+        except Exception:  # the leases log is best effort
             pass
 
     def _delete_jobs(self, t: Topic, seqs: list[int]) -> None:
-        """Permanently delete jobs (SEMANTICS §15.6).
+        """Permanently delete jobs.
 
         `fsync` class: WAL-first, the jobs go when the fsynced Delete frame commits;
         the journal's refusal is raised (nothing deleted) and the request's barrier
@@ -488,7 +494,7 @@ class Queues:
                 if ok:
                     t.delete_seqs(seqs)
                     return
-                # Not deleted: the jobs become claimable again (§15.6 "on failure").
+                # Not deleted: the jobs become claimable again when the delete fails.
                 q = self.state(t)
                 for s in seqs:
                     q.push_reclaim(s)
@@ -507,7 +513,7 @@ class Queues:
     def claim_pass(
         self, name: str, claimers: list[Claimer], lease_override: int | None
     ) -> list[list[dict[str, Any]]]:
-        """One claim pass for a cohort (SEMANTICS §15.4); one job list per claimer.
+        """One claim pass for a cohort; one job list per claimer.
 
         Raises 404/409 when the topic is gone or not a queue. Node validation is
         the caller's (per claimer, before joining the cohort).
@@ -587,7 +593,10 @@ class Queues:
         lease_override: int | None,
         conn: int | None = None,
     ) -> dict[str, Any]:
-        """Single-claimer claim: the response body without `performance` (API §10.2)."""
+        """Single-claimer claim: the response body without `performance`.
+
+        See docs/API.md, "14.2 `POST /v0/topics/:topic/claim`".
+        """
         t = self.check_queue(name)
         self.validate_node(node)
         jobs = self.claim_pass(name, [Claimer(node, max, conn)], lease_override)[0]
@@ -606,7 +615,10 @@ class Queues:
     # ----------------------------------------------------------- dead letter
 
     def _dead_letter(self, t: Topic, q: QueueState, items: list[_Diverted]) -> None:
-        """Move diverted jobs to the dead-letter topic (SEMANTICS §15.7)."""
+        """Move diverted jobs to the dead-letter topic.
+
+        See docs/API.md, "14.7 Queue counters and dead-letter copies".
+        """
         eng = self.engine
         cfg = t.config
         dl_name = cfg.dead_letter
@@ -644,7 +656,7 @@ class Queues:
                 return
             try:
                 self._delete_jobs(t, seqs)
-            except Exception:  # failure => back to reclaim (§15.7)
+            except Exception:  # failure => back to reclaim
                 for s in seqs:
                     q.push_reclaim(s)
 
@@ -655,7 +667,10 @@ class Queues:
 
     @staticmethod
     def _dl_record(src: str, max_deliveries: int, it: _Diverted) -> NewRecord:
-        """The dead-letter copy of a job (API §10.8): provenance meta values are strings."""
+        """The dead-letter copy of a job: provenance meta values are strings.
+
+        See docs/API.md, "14.7 Queue counters and dead-letter copies".
+        """
         p = it.payload
         prov = {
             "$dead_letter_from": src,
@@ -684,7 +699,10 @@ class Queues:
         return ls
 
     def ack(self, name: str, body: Any) -> dict[str, Any]:
-        """`POST /v0/topics/:q/ack` body without `performance` (API §10.3)."""
+        """`POST /v0/topics/:q/ack` body without `performance`.
+
+        See docs/API.md, "14.3 `POST /v0/topics/:topic/ack`".
+        """
         b, _ = self._parse_batch(body, "ack")
         t = self.check_queue(name)
         q = self.state(t)
@@ -730,7 +748,10 @@ class Queues:
         return {"ready": c["ready"], "in_flight": c["in_flight"]}
 
     def nack(self, name: str, body: Any) -> dict[str, Any]:
-        """`POST /v0/topics/:q/nack` body without `performance` (API §10.4)."""
+        """`POST /v0/topics/:q/nack` body without `performance`.
+
+        See docs/API.md, "14.4 `POST /v0/topics/:topic/nack`".
+        """
         b, extra = self._parse_batch(body, "nack")
         delay: int = extra["delay_ms"]
         t = self.check_queue(name)
@@ -765,7 +786,10 @@ class Queues:
         }
 
     def extend(self, name: str, body: Any) -> dict[str, Any]:
-        """`POST /v0/topics/:q/extend` body without `performance` (API §10.5)."""
+        """`POST /v0/topics/:q/extend` body without `performance`.
+
+        See docs/API.md, "14.5 `POST /v0/topics/:topic/extend`".
+        """
         b, extra = self._parse_batch(body, "extend")
         lease_ms: int = extra["lease_ms"]
         t = self.check_queue(name)

@@ -2,7 +2,7 @@
 
 A record's `data` and `meta` are serialised once, at write time, with orjson;
 the stored frames keep those bytes and reads splice them into responses without
-re-parsing (DESIGN §3; the rendering itself is :mod:`topics.engine.frames`).
+re-parsing (the rendering itself is :mod:`topics.engine.frames`).
 :class:`Payload` is one record as a router forward or a queue job needs it.
 """
 
@@ -67,7 +67,7 @@ def _reject_constant(name: str) -> Any:
 
 
 def loads(body: bytes | str) -> Any:
-    """Parse one request JSON document strictly (API §1.5; docs/HTTP_INPUT.md "JSON").
+    """Parse one request JSON document strictly (docs/HTTP_INPUT.md, "JSON").
 
     Integers beyond 64 bits become floats. Refused with ValueError (the message
     says why and where), so the caller answers ``400 invalid_request``:
@@ -103,7 +103,7 @@ def loads(body: bytes | str) -> Any:
 
 
 def json_bytes(value: Any) -> bytes:
-    """Compact UTF-8 JSON (SEMANTICS §1.3 byte accounting form).
+    """Compact UTF-8 JSON, the form record sizes are counted in (docs/API.md, "4. Records").
 
     Raises ValueError when `value` cannot be serialised (nested deeper than
     :data:`MAX_STORED_DEPTH`, or a string with a lone surrogate).
@@ -230,7 +230,9 @@ def prepare_records(
     max_tag_bytes: int = 256,
     max_node_bytes: int = 128,
 ) -> list[NewRecord]:
-    """Validate a write's `records` array (API §4) into :class:`NewRecord` values.
+    """Validate a write's `records` array into :class:`NewRecord` values.
+
+    The rules are those of docs/API.md, "7.1 `POST /v0/topics/:topic`".
 
     Raises TopicsError: `400 invalid_request` (missing/empty `records`, missing
     `data`, bad tag/node/meta), `400 batch_too_large` (> `max_batch` records),
@@ -425,7 +427,7 @@ def iter_write_body(
     max_tag_bytes: int = 256,
     max_node_bytes: int = 128,
 ) -> Generator[None, None, dict[str, Any] | None]:
-    """Parse a write body (API §4) a piece of its `records` array at a time.
+    """Parse a write body a piece of its `records` array at a time.
 
     A generator: it yields after each piece of about `chunk_bytes` (bytes) so the
     caller can let other work run, and returns the body as a dict whose

@@ -1,21 +1,20 @@
 """Routers: asynchronous, derived forwarding from one topic into another.
 
-Sans-I/O and synchronous like the rest of the engine (SEMANTICS §12, API §7).
+Sans-I/O and synchronous like the rest of the engine (docs/API.md, "11. Routers").
 A :class:`RouterSet` owns every router definition of one engine and installs
 itself on it:
 
 * ``engine.drain_into`` - read-path catch-up: before a topic is read, every
   router feeding it (and, transitively, the routers feeding those sources) is
   advanced until it makes no progress, so a read right after a source write
-  sees the forwarded copy (SEMANTICS §12.3);
+  sees the forwarded copy;
 * ``engine.on_published`` (chained) - marks a topic dirty when it is a router
   source, so the shell's periodic :meth:`RouterSet.drain_dirty` forwards it;
 * ``engine.on_topic_deleted`` - removes every router touching the topic.
 
-One forwarding pass (:meth:`RouterSet.advance`) follows the pseudo-code of
-SEMANTICS §12.2: source-trim holes, per-slot skip rules, copy building,
-exactly-once keys, size validation and `discard:"reject"` back-pressure, then a
-single derived append into the dest.
+One forwarding pass (:meth:`RouterSet.advance`) does, in order: source-trim holes,
+per-slot skip rules, copy building, exactly-once keys, size validation and
+`discard:"reject"` back-pressure, then a single derived append into the dest.
 """
 
 from __future__ import annotations
@@ -45,11 +44,11 @@ __all__ = [
     "router_meta",
 ]
 
-#: Valid `guarantee` values (API §7.1); the first is the default.
+#: Valid `guarantee` values (docs/API.md, "11. Routers"); the first is the default.
 GUARANTEES = ("at_least_once", "exactly_once")
-#: Records whose hop count reached this are never forwarded again (SEMANTICS §12.4).
+#: Records whose hop count reached this are never forwarded again.
 MAX_HOPS = 8
-#: At most this many source seqs are examined by one forwarding pass (SEMANTICS §12.2).
+#: At most this many source seqs are examined by one forwarding pass.
 PASS_MAX_SEQS = 1024
 
 ROUTER_META_KEY = "_topics_router"
@@ -60,7 +59,7 @@ Allow = Callable[[str], bool]
 
 @dataclass(slots=True, eq=False)
 class Router:
-    """One router definition plus its forwarding state (SEMANTICS §12.1).
+    """One router definition plus its forwarding state.
 
     `cursor` is the last source seq consumed; `forwarded_total` counts source
     seqs delivered to the dest (copies, trim holes and exactly-once duplicates);
@@ -86,7 +85,7 @@ class Router:
         return self.guarantee == "exactly_once"
 
     def to_wire(self) -> dict[str, Any]:
-        """The router object of API §7 (without `created` / `forwarded_total`)."""
+        """The router object (docs/API.md, "11. Routers"), without `created` / `forwarded_total`."""
         return {
             "router": self.name,
             "source": self.source,
@@ -114,12 +113,12 @@ class _Spec:
 
 
 def router_key(name: str, source: Topic, seq: int) -> str:
-    """The exactly-once idempotency key of source `seq` (SEMANTICS §12.2)."""
+    """The exactly-once idempotency key of source `seq` (docs/API.md, "11. Routers")."""
     return f"router:{name}:{source.topic_id}:{source.epoch}:{seq}"
 
 
 def router_meta(meta: bytes | None, info: dict[str, Any], max_keys: int = 64) -> bytes:
-    """A copy's meta with `_topics_router` added (SEMANTICS §12.5).
+    """A copy's meta with `_topics_router` added (docs/API.md, "11. Routers").
 
     Absent meta becomes `{"_topics_router": info}`; an object gains the key (or
     has it replaced); a non-object, or an object already holding `max_keys` keys
@@ -149,7 +148,10 @@ def _not_found_router(name: str) -> TopicsError:
 
 
 def _parse_spec(body: Any) -> _Spec:
-    """Type checks of API §7.1 (every failure is `400 invalid_request`)."""
+    """Body type checks of `PUT /v0/routers/:r`; every failure is `400 invalid_request`.
+
+    See docs/API.md, "11.1 `PUT /v0/routers/:router`".
+    """
     if not isinstance(body, dict):
         raise bad_request("router body must be a JSON object")
     names: builtins.list[str] = []
@@ -206,7 +208,7 @@ def _find_path(adj: dict[str, builtins.list[str]], start: str, goal: str) -> lis
 
 
 class RouterSet:
-    """Every router of one engine: the control plane (API §7) and the forwarder."""
+    """Every router of one engine: the control plane and the forwarder."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -313,10 +315,10 @@ class RouterSet:
     # ------------------------------------------------------- control plane
 
     def put(self, name: str, body: Any, allow: Allow | None = None) -> tuple[dict[str, Any], bool]:
-        """`PUT /v0/routers/:name` (API §7.1); returns (router object, created).
+        """`PUT /v0/routers/:name`; returns (router object, created).
 
-        The checks run exactly in the API §7.1 order: body types (400), body
-        source/dest allowlist (403), router name (400), source == dest (400),
+        The checks run in the order of docs/API.md, "11.1 `PUT /v0/routers/:router`":
+        body types (400), body source/dest allowlist (403), router name (400), source == dest (400),
         topic names (400), `create_dest:false` with an absent dest (404), fan-in
         (409), re-point (409), router cap (429), cycle (409), auto-create of
         missing topics (rolled back on failure), then create or update.
@@ -379,7 +381,7 @@ class RouterSet:
                     {"cycle": cycle},
                 )
         if existing is not None:
-            # Update in place: cursor, totals and dest_base are kept (SEMANTICS §12.4).
+            # Update in place: cursor, totals and dest_base are kept.
             r = replace(
                 existing,
                 preserve_node=spec.preserve_node,
@@ -455,7 +457,7 @@ class RouterSet:
         return None if path is None else [source, *path]
 
     def get(self, name: str) -> dict[str, Any]:
-        """`GET /v0/routers/:name` (API §7.2): drive the router to its source head first."""
+        """`GET /v0/routers/:name`: drive the router to its source head first."""
         r = self._routers.get(name)
         if r is None:
             raise _not_found_router(name)
@@ -474,7 +476,7 @@ class RouterSet:
         cursor: str | None = None,
         allow: Allow | None = None,
     ) -> dict[str, Any]:
-        """`GET /v0/routers` (API §7.3) without `performance`.
+        """`GET /v0/routers` without `performance`.
 
         Sorted by router name; `allow` (the key's name allowlist) must accept the
         router name, its source and its dest; it filters before paging.
@@ -512,7 +514,7 @@ class RouterSet:
         return out
 
     def delete(self, name: str) -> dict[str, Any]:
-        """`DELETE /v0/routers/:name` (API §7.4): forwarding stops at once; copies stay."""
+        """`DELETE /v0/routers/:name`: forwarding stops at once; copies stay."""
         r = self._routers.get(name)
         if r is None:
             return {"router": name, "deleted": False}
@@ -532,7 +534,7 @@ class RouterSet:
     # ------------------------------------------------------------ forwarding
 
     def advance(self, r: Router) -> int:
-        """One forwarding pass of SEMANTICS §12.2; returns the source seqs consumed."""
+        """One forwarding pass; returns the source seqs consumed."""
         if self._routers.get(r.name) is not r:
             return 0
         eng = self.engine
@@ -698,7 +700,7 @@ class RouterSet:
         return src is not None and r.cursor < src.head_seq
 
     def drain_into(self, t: Topic) -> None:
-        """Read-path catch-up (SEMANTICS §12.3) for a read of `t`.
+        """Read-path catch-up for a read of `t`.
 
         Every router whose dest is `t` runs until it makes no progress; the routers
         feeding their sources run first (upstream before downstream), so a write

@@ -1,7 +1,7 @@
 """Tag index: tag -> ascending seqs, with ordered keys for prefix scans.
 
 Maintained on publish and front reclaim; consulted only by deletes (`match`
-Eq / Glob), never by reads (SEMANTICS §4). Postings may still name seqs that
+Eq / Glob), never by reads. Postings may still name seqs that
 were deleted in the middle of the log: the delete path skips them (a deleted
 slot carries the flag), and they leave with the front reclaim, like the slot
 itself. Front reclaim is cheap however many tags exist: a min-heap keyed by

@@ -1,13 +1,13 @@
 """One topic instance: seqs, floors, retention, the read pipeline, deletes.
 
 Everything here is synchronous and clock-injected (the caller passes `now`).
-Definitions follow SEMANTICS §2-8:
+Definitions:
 
 * `head_seq` - highest published seq; `next_seq` - next seq to stage. Seqs in
   between belong to staged batches waiting for their commit point; they are
   published strictly in seq order (a failed batch becomes deleted holes).
 * floors `l_cap`, `l_ttl`, `l_trim` (involuntary) and `delete_below`;
-  `evict_floor` / `earliest_seq` are derived from them exactly as §3.1 says.
+  `evict_floor` / `earliest_seq` are derived from them (see :meth:`Topic.earliest_seq`).
 * the slot index keeps one slot per published seq from `base_seq` up; leading
   dead slots are popped (lazy front reclaim).
 """
@@ -102,7 +102,7 @@ class NodeInterner:
 
 @dataclass(slots=True)
 class Tombstone:
-    """An involuntary-loss signal (SEMANTICS §7)."""
+    """An involuntary-loss signal (docs/API.md, "9. Tombstones")."""
 
     gap_from: int
     gap_to: int
@@ -126,7 +126,7 @@ class Tombstone:
 
 @dataclass(slots=True)
 class ReadResult:
-    """Outcome of one pass of the read pipeline (SEMANTICS §6)."""
+    """Outcome of one pass of the read pipeline."""
 
     records: list[bytes]
     next_from_seq: int
@@ -184,7 +184,7 @@ class DedupeEntry:
 
 
 class Topic:
-    """State of one topic instance (SEMANTICS §1.1).
+    """State of one topic instance.
 
     Record bytes live in frame sources (`sources`, keyed by slot `loc`): an
     in-memory :class:`~topics.engine.frames.Chunk` per write until the
@@ -261,13 +261,13 @@ class Topic:
 
     @property
     def earliest_seq(self) -> int:
-        """First live seq, or head + 1 when nothing is live (SEMANTICS §3.1)."""
+        """First live seq, or head + 1 when nothing is live."""
         l_del = max(self.delete_below - 1, 0)
         f = max(max(self.l_cap, self.l_ttl, self.l_trim, l_del) + 1, 1, self.index.base_seq)
         return min(f, self.head_seq + 1)
 
     def reason_for(self, g: int) -> str:
-        """Tombstone reason for a gap starting at `g` (SEMANTICS §7.2)."""
+        """Tombstone reason for a gap starting at `g` (docs/API.md, "9. Tombstones")."""
         cap = self.l_cap > 0 and self.l_cap >= g
         ttl = self.l_ttl > 0 and self.l_ttl >= g
         if cap and ttl:
@@ -373,8 +373,8 @@ class Topic:
         """The tag index, rebuilt from the frames of live tagged slots when stale.
 
         Records loaded from disk carry only a has_tag flag in memory; their tags are
-        read the first time a `match` delete needs them (SEMANTICS §4: the tag index
-        is consulted by deletes only). Raises FrameCorrupt/OSError from the sources.
+        read the first time a `match` delete needs them (the tag index is consulted
+        by deletes only). Raises FrameCorrupt/OSError from the sources.
         """
         tags = self._tags
         if tags is None:
@@ -399,9 +399,9 @@ class Topic:
     def apply_retention(self, now: int) -> bool:
         """Advance TTL/cap floors against `now` and reclaim; True if a floor moved.
 
-        SEMANTICS §5.2: TTL expires the maximal prefix with `now - ts > ttl_ms`;
-        `cap_records` is a seq window (`head - cap`); `cap_bytes` walks the oldest
-        live bytes until the excess is gone.
+        TTL expires the maximal prefix with `now - ts > ttl_ms`; `cap_records` is a
+        seq window (`head - cap`); `cap_bytes` walks the oldest live bytes until the
+        excess is gone (docs/API.md, "5. The topic config object").
         """
         cfg = self.config
         moved = False
@@ -464,7 +464,7 @@ class Topic:
         return n_live
 
     def _reclaim_front(self) -> None:
-        """Pop leading deleted slots (lazy front reclaim, SEMANTICS §4)."""
+        """Pop leading deleted slots (lazy front reclaim)."""
         idx = self.index
         n = len(idx)
         if not n:
@@ -696,7 +696,7 @@ class Topic:
 
         Appends `n` deleted holes, raises `L_trim` to the last of them and evicts
         everything at or below it, so readers crossing the gap get a
-        `source_trim` tombstone (SEMANTICS §12.2, §7.4).
+        `source_trim` tombstone (docs/API.md, "9. Tombstones").
         """
         if n <= 0:
             return
@@ -731,7 +731,7 @@ class Topic:
         include_data: bool = True,
         fields: bool = False,
     ) -> ReadResult:
-        """One pass of the read pipeline of SEMANTICS §6 (retention applied by the caller).
+        """One pass of the read pipeline (retention applied by the caller).
 
         With `fields`, `records` holds `(seq, ts, node, tag, data, meta)` tuples
         (raw JSON bytes for data/meta) instead of rendered wire objects.

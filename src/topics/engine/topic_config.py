@@ -1,4 +1,6 @@
-"""The topic config object (API §1.12): parsing, normalisation and rendering.
+"""The topic config object: parsing, normalisation and rendering.
+
+The object is described in docs/API.md, "5. The topic config object".
 
 A PUT replaces the whole config, so :func:`parse_topic_config` maps an input
 object onto defaults field by field. Unknown fields are ignored; a wrong type is
@@ -44,7 +46,7 @@ class TopicConfig:
 
     @property
     def durable(self) -> bool:
-        """The legacy alias: true iff the class is `fsync` (API §1.12)."""
+        """The legacy alias: true iff the class is `fsync`."""
         return self.durability == "fsync"
 
     @property
@@ -52,7 +54,7 @@ class TopicConfig:
         return self.type == "queue"
 
     def to_wire(self) -> dict[str, Any]:
-        """All 17 fields in the wire order of API §1.12."""
+        """All 17 fields in wire order (docs/API.md, "5. The topic config object")."""
         return {
             "type": self.type,
             "ttl_ms": self.ttl_ms,

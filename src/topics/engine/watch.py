@@ -1,12 +1,13 @@
 """Watch sessions and push delivery: the sans-I/O half of SSE watch and the WebSocket.
 
-A :class:`WatchSession` is the memory-only state behind `POST /v0/watch` (API §8,
-SEMANTICS §16): the topic -> cursor map, the read options, the creating key and
-the last-access stamp. :class:`WatchRegistry` validates POST bodies in the order
-API §8.2 fixes and garbage-collects idle sessions (§8.5).
+A :class:`WatchSession` is the memory-only state behind `POST /v0/watch` (docs/API.md,
+"12. Watch: multiplexed Server-Sent Events"): the topic -> cursor map, the read
+options, the creating key and the last-access stamp. :class:`WatchRegistry`
+validates POST bodies in the order of docs/API.md, "12.1 `POST /v0/watch`", and
+garbage-collects idle sessions.
 
 Delivery is one function, :func:`drain_step`: one pass of the read pipeline
-(SEMANTICS §6) for one topic, turned into push :class:`Event` s (tombstone,
+for one topic, turned into push :class:`Event` s (tombstone,
 record, caught-up, topic-deleted). The SSE stream and the WebSocket both drive
 it; :class:`WatchStream` wraps it for one SSE connection (composite ids,
 `from_seq_too_old` relabelling, session cursor updates). Record events splice the
@@ -105,8 +106,8 @@ class ReadOpts:
 class Event:
     """One push frame for one topic, before transport rendering.
 
-    `cursor` is the topic cursor after this frame (API §8.4: the tombstone moves it
-    to `gap_to`, a record batch to `next_from_seq`).
+    `cursor` is the topic cursor after this frame: the tombstone moves it to
+    `gap_to`, a record batch to `next_from_seq` (docs/API.md, "12.3 Frames").
 
     Events are immutable and may be shared by every stream that read the same topic
     from the same cursor with the same options (see :func:`drain_step`), so the
@@ -207,7 +208,7 @@ def drain_step(
 ) -> StepResult:
     """Run one read-pipeline pass for `d` from `cursor` and turn it into events.
 
-    Order within a step: tombstone, record batch, caught-up (API §8.4). With
+    Order within a step: tombstone, record batch, caught-up (docs/API.md, "12.3 Frames"). With
     `relabel_first` (SSE) a tombstone from the first read of the connection is
     reported as `from_seq_too_old`. `caught-up` is emitted the first time the
     topic is drained and again after any later record/tombstone once drained.
@@ -279,7 +280,10 @@ def render_sse(ev: Event, event_id: str | None) -> bytes:
 
 
 def render_ws(ev: Event) -> bytes:
-    """One WebSocket message (API §9): `{"op": ..., <frame fields>}` (memoised)."""
+    """One WebSocket message: `{"op": ..., <frame fields>}` (memoised).
+
+    See docs/API.md, "13. WebSocket".
+    """
     msg = ev._ws
     if msg is None:
         msg = b'{"op":"' + _WS_OPS[ev.kind] + b'",' + ev.data()[1:]
@@ -398,7 +402,10 @@ def _read(memo: _TopicMemo, t: Topic, cursor: int, opts: ReadOpts, now: int) -> 
 
 
 def encode_composite_id(cursors: dict[str, int]) -> str:
-    """base64url (no padding) of the sorted compact JSON `{topic: cursor}` (API §8.4)."""
+    """base64url (no padding) of the sorted compact JSON `{topic: cursor}`.
+
+    See docs/API.md, "12.3 Frames".
+    """
     raw = orjson.dumps(cursors, option=orjson.OPT_SORT_KEYS)
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
@@ -460,7 +467,7 @@ def clamp_heartbeat(raw: int, test_floor: int | None = None) -> int:
 
 @dataclass(slots=True, eq=False)
 class WatchSession:
-    """A watch subscription (SEMANTICS §16). Streams on one wid share `cursors`."""
+    """A watch subscription. Streams on one wid share `cursors`."""
 
     wid: str
     cursors: dict[str, int]
@@ -514,7 +521,10 @@ class PassResult:
 
 
 class WatchStream:
-    """Delivery state of one SSE connection on a session (API §8.4 stream order)."""
+    """Delivery state of one SSE connection on a session.
+
+    Frames go out in the order docs/API.md, "12.3 Frames" gives.
+    """
 
     def __init__(self, engine: Engine, session: WatchSession) -> None:
         self.engine = engine
@@ -596,7 +606,7 @@ class _Entry:
 
 @dataclass(slots=True)
 class WatchRegistry:
-    """All watch sessions of the instance (memory only, API §8.1)."""
+    """All watch sessions of the instance (memory only)."""
 
     engine: Engine
     sessions: dict[str, WatchSession] = field(default_factory=dict)
@@ -628,8 +638,9 @@ class WatchRegistry:
     ) -> dict[str, Any]:
         """Validate and store a session (`POST /v0/watch`); returns the body sans `performance`.
 
-        Order (API §8.2): parse -> count (400) -> allowlist (403) -> idle GC ->
-        topic resolution (404 unless `lenient`) -> session cap (429).
+        Order (docs/API.md, "12.1 `POST /v0/watch`"): parse -> count (400) ->
+        allowlist (403) -> idle GC -> topic resolution (404 unless `lenient`) ->
+        session cap (429).
         """
         entries, opts, heartbeat = self._parse(body)
         lim = self.engine.limits

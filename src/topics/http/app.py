@@ -1,6 +1,6 @@
 """The `/v0` ASGI application: one pipeline for auth, limits, routing and errors.
 
-Request processing follows API §1.4 exactly:
+Request processing follows docs/API.md, "3.2 Which check answers first":
 
 1. authentication (probe and watch-stream exemptions, bearer, `?token=` on SSE GETs) -> 401
 2. per-key in-flight cap -> 429
@@ -14,7 +14,7 @@ Handlers are small async functions in sibling modules; they receive a
 :class:`Ctx` and return a :class:`~topics.http.responses.Resp`, or stream
 themselves (SSE, WebSocket) and return None. The app is a raw ASGI callable
 rather than a framework: measurements on this machine show a framework layer
-halves the request rate (notes/peers-and-limits.md §2).
+halves the request rate.
 """
 
 from __future__ import annotations
@@ -94,7 +94,10 @@ class Ctx:
         return v[0] if v else None
 
     def qbool(self, name: str, default: bool) -> bool:
-        """Query boolean: `true`/`1`, `false`/`0`, anything else => default (API §1.5)."""
+        """Query boolean: `true`/`1`, `false`/`0`, anything else => default.
+
+        See docs/API.md, "1. Basics".
+        """
         v = self.query(name)
         if v in ("true", "1"):
             return True
@@ -111,7 +114,7 @@ class Route:
     handler: Handler
     scopes: tuple[str, ...]
     body: int = BODY_NONE
-    # Per-key in-flight cap (API §1.4 step 2): HOLD keeps the slot until the response
+    # Per-key in-flight cap (checked right after auth): HOLD keeps the slot until the response
     # is produced; ADMIT checks the cap but releases at once (the /work stream is
     # bounded by SSE caps instead); NONE skips it (watch stream, WebSocket).
     inflight: int = 1
@@ -481,7 +484,8 @@ class TopicsApp:
         if m.probe and not self.config.probe_auth:
             return auth.authenticate(None) if not auth.enabled else _ANON
         if m.watch_stream:
-            return _ANON  # session binding is checked by the stream handler (API §8.3)
+            # Session binding is checked by the stream handler (docs/API.md, "12.2 ...").
+            return _ANON
         header = None
         for k, v in scope["headers"]:
             if k == b"authorization":
@@ -496,7 +500,7 @@ class TopicsApp:
         return p
 
     async def _read_body(self, ctx: Ctx, mode: int) -> None:
-        """Read and parse the request body (API §1.4 steps 5-6; docs/HTTP_INPUT.md).
+        """Read and parse the request body (docs/HTTP_INPUT.md).
 
         The body is gathered into one buffer without keeping the received
         chunks; a large write body is parsed a piece at a time so the event loop
@@ -557,7 +561,10 @@ class TopicsApp:
     # ------------------------------------------------------------ SSE slots
 
     def acquire_sse(self, key: bytes | None) -> None:
-        """Take an SSE/WS connection slot (global + per key); 429 when full (API §12)."""
+        """Take an SSE/WS connection slot (global + per key); 429 when full.
+
+        See docs/API.md, "16. Limits and the knobs that shape the API".
+        """
         lim = self.config.limits
         if lim.max_sse_connections and self.sse_total >= lim.max_sse_connections:
             raise TopicsError(

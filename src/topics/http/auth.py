@@ -1,4 +1,6 @@
-"""Bearer-key authentication and scope/allowlist authorization (API §1.2-1.3).
+"""Bearer-key authentication and scope/allowlist authorization.
+
+The rules are those of docs/API.md, "2. Authentication, scopes and name prefixes".
 
 A key with name prefixes may touch only topics (and routers) whose names start
 with one of them. That holds for every name a request makes the server touch,
@@ -51,7 +53,10 @@ class Principal:
 
 
 def forbidden_name(name: str) -> TopicsError:
-    """The `403 forbidden` for a name outside the key's allowlist (API §1.3)."""
+    """The `403 forbidden` for a name outside the key's allowlist.
+
+    See docs/API.md, "2.3 What a prefix-restricted key may touch".
+    """
     return TopicsError(403, "forbidden", f'this key may not access "{name}"', {"topic": name})
 
 
@@ -61,7 +66,7 @@ def check_config_names(principal: Principal, config: Any) -> None:
     `config` is a request's config object (`PUT /v0/topics/:t` body, a write's
     or WebSocket publish's `config`), before validation: a non-object or a
     non-string `dead_letter` is left to the config parser's `400`. The only
-    name a config holds is `dead_letter` (API §1.12). Raises `403 forbidden`
+    name a config holds is `dead_letter`. Raises `403 forbidden`
     with `detail {"topic": dead_letter}` when the key may not touch it.
     """
     if not principal.prefixes or not isinstance(config, dict):

@@ -1,10 +1,11 @@
-"""Health, readiness and metrics (API §11).
+"""Health, readiness and metrics (docs/API.md, "15. Health, readiness and metrics").
 
-`/v0/metrics` needs `read` (API §1.2-1.3). A key with name prefixes gets the
-same document computed over its own share of the instance only: the topics
-whose names its prefixes allow (counts, classes, live records and bytes, queue
-figures and the per-topic series), the routers whose name, source and dest are
-all allowed, its own watch sessions and streaming connections. Instance-wide
+`/v0/metrics` needs `read` (docs/API.md, "2.2 The scope each route needs"). A key
+with name prefixes gets the same document computed over its own share of the
+instance only: the topics whose names its prefixes allow (counts, classes, live
+records and bytes, queue figures and the per-topic series), the routers whose
+name, source and dest are all allowed, its own watch sessions and streaming
+connections. Instance-wide
 internals that are not per tenant (the WAL and storage sections) are left out
 for such a key. A key without prefixes sees the whole instance.
 """
@@ -122,7 +123,9 @@ def _gather(app: TopicsApp, principal: Principal | None = None) -> dict[str, Any
 
 
 def metrics_json(app: TopicsApp, principal: Principal | None = None) -> dict[str, Any]:
-    """The JSON form of `/v0/metrics` (API §11.3), scoped for a prefix-restricted key.
+    """The JSON form of `/v0/metrics`, scoped for a prefix-restricted key.
+
+    The figures are listed in docs/API.md, "15.3 `GET /v0/metrics`".
 
     `principal` None (or a key without prefixes) gives the whole instance,
     including the `wal` and `storage` sections; a key with prefixes gets the
@@ -157,7 +160,7 @@ def metrics_json(app: TopicsApp, principal: Principal | None = None) -> dict[str
 
 
 def storage_stats(app: TopicsApp) -> dict[str, Any] | None:
-    """Index and checkpoint figures (ours, beyond API §11.3): bytes in ints, times in s.
+    """Index and checkpoint figures (ours, beyond the /v0 contract): bytes in ints, times in s.
 
     `index_bytes` is what the per-topic slot arrays hold (capacity included),
     `chunk_bytes` the in-memory frames not yet copied into segments.
@@ -202,7 +205,9 @@ def _esc(v: str) -> str:
 
 
 def render_prometheus(app: TopicsApp, principal: Principal | None = None) -> bytes:
-    """Prometheus text exposition 0.0.4 with HELP/TYPE lines (API §11.3).
+    """Prometheus text exposition 0.0.4 with HELP/TYPE lines.
+
+    The series are listed in docs/API.md, "15.3 `GET /v0/metrics`".
 
     Scoped like :func:`metrics_json`: a key with prefixes sees only its own
     topics' series and figures, and no WAL/storage metrics.
@@ -342,7 +347,7 @@ def render_prometheus(app: TopicsApp, principal: Principal | None = None) -> byt
 
 
 async def metrics(ctx: Ctx) -> Resp:
-    """`GET /v0/metrics` (API §11.3): Prometheus text, or JSON when `Accept` asks for it."""
+    """`GET /v0/metrics`: Prometheus text, or JSON when `Accept` asks for it."""
     accept = ctx.header(b"accept") or ""
     p = ctx.principal
     if "application/json" in accept:

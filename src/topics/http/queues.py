@@ -1,8 +1,10 @@
-"""Handlers for queue claim/ack/nack/extend and the `/work` SSE push stream (API §10).
+"""Handlers for queue claim/ack/nack/extend and the `/work` SSE push stream.
+
+The routes are described in docs/API.md, "14. Queues".
 
 Claims on a topic with `claim_jitter_ms > 0` are coalesced: the first claimer
 opens a cohort and waits out the window, later claimers join, and one claim pass
-serves them all round-robin (SEMANTICS §15.5).
+serves them all round-robin (docs/API.md, "14.2 `POST /v0/topics/:topic/claim`").
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ def _run_cohort(app: TopicsApp, name: str, cohort: _Cohort) -> list[dict[str, An
     """One claim pass for the whole cohort; resolves the joiners, returns the leader's jobs.
 
     If the pass fails (topic gone), the leader gets the error and joiners an empty
-    result (SEMANTICS §15.5). Jobs claimed for a member that has gone away
+    result. Jobs claimed for a member that has gone away
     (cancelled future) are released at once instead of waiting for expiry.
     """
     q = app.queues
@@ -108,9 +110,9 @@ def check_dead_letter(principal: Principal, t: Topic) -> None:
     """A claim may move jobs into the queue's dead-letter topic: the key must be allowed it.
 
     A claim pass diverts a job whose deliveries exceed `max_deliveries` into
-    `dead_letter`, creating that topic on demand (API §10.8). So a claim
-    (or `/work` stream) by a key with name prefixes is refused with
-    `403 forbidden` (`detail {"topic": dead_letter}`) when the queue can
+    `dead_letter`, creating that topic on demand (docs/API.md, "14.7 Queue counters
+    and dead-letter copies"). So a claim (or `/work` stream) by a key with name
+    prefixes is refused with `403 forbidden` (`detail {"topic": dead_letter}`) when the queue can
     dead-letter into a name outside them, whether or not a job is due to move
     in this pass; nothing is claimed then.
     """
@@ -196,7 +198,10 @@ SSE_HEADERS = [
 
 
 async def work(ctx: Ctx) -> None:
-    """`GET /v0/topics/:q/work`: push claimed jobs as SSE `job` frames (API §10.6)."""
+    """`GET /v0/topics/:q/work`: push claimed jobs as SSE `job` frames.
+
+    See docs/API.md, "14.6 `GET /v0/topics/:topic/work`".
+    """
     app = ctx.app
     q = app.queues
     if not _accepts_sse(ctx):
@@ -206,7 +211,7 @@ async def work(ctx: Ctx) -> None:
         raise bad_request("node is required")
     q.validate_node(node)
     # `max`: u32, unparsable => 1, clamped to [1, 1000]; `lease_ms`: u64, unparsable
-    # (including negative) => ignored, i.e. the topic's lease (API §10.6).
+    # (including negative) => ignored, i.e. the topic's lease.
     max_jobs = min(max(_parse_uint(ctx.query("max"), U32_MAX) or 1, 1), 1000)
     lease_override = _parse_uint(ctx.query("lease_ms"), U64_MAX)
     name = ctx.params["topic"]

@@ -35,7 +35,7 @@ def perf(t0: float, **extra: Any) -> dict[str, Any]:
 def json_resp(
     status: int, body: dict[str, Any], t0: float | None = None, **perf_extra: Any
 ) -> Resp:
-    """JSON success body; appends `performance` when `t0` is given (API §1.10)."""
+    """JSON success body; appends `performance` when `t0` is given (docs/API.md, "1. Basics")."""
     if t0 is not None:
         body["performance"] = perf(t0, **perf_extra)
     return Resp(status, orjson.dumps(body), [JSON_CT])
@@ -63,7 +63,7 @@ def _safe_detail(detail: dict[str, Any]) -> dict[str, Any]:
 
 
 def error_body(err: TopicsError) -> bytes:
-    """The canonical error envelope (API §1.7) as JSON bytes; never raises.
+    """The error envelope (docs/API.md, "3.1 The envelope") as JSON bytes; never raises.
 
     A message or `detail` value that echoes hostile input (a lone surrogate, a
     value nested too deeply to serialise) is rendered safely instead of failing
@@ -80,7 +80,7 @@ def error_body(err: TopicsError) -> bytes:
 
 
 def error_resp(err: TopicsError) -> Resp:
-    """The canonical error envelope (API §1.7), with Retry-After on 429/503."""
+    """The error envelope (docs/API.md, "3.1 The envelope"), with Retry-After on 429/503."""
     headers = [JSON_CT]
     if err.retry_after is not None:
         headers.append((b"retry-after", str(err.retry_after).encode()))

@@ -1,4 +1,4 @@
-"""Handlers for router CRUD (API §7).
+"""Handlers for router CRUD (docs/API.md, "11. Routers").
 
 With a prefix-restricted key every topic a router names is checked, not just
 the router's own name in the path: the body `source` and `dest` of a PUT
@@ -18,7 +18,9 @@ __all__ = ["put_router", "get_router", "list_routers", "delete_router"]
 
 
 def _check_router_names(ctx: Ctx, name: str) -> None:
-    """On an existing router, its source and dest must be allowlisted too (API §1.3).
+    """On an existing router, its source and dest must be allowlisted too.
+
+    See docs/API.md, "2.3 What a prefix-restricted key may touch".
 
     Raises `403 forbidden` with `detail {"topic": name}` for the first name
     outside the key's prefixes; an absent router passes (the handler 404s).
@@ -35,7 +37,7 @@ def _check_router_names(ctx: Ctx, name: str) -> None:
 
 
 async def put_router(ctx: Ctx) -> Resp:
-    """`PUT /v0/routers/:r` (API §7.1); the engine checks the body source/dest (403)."""
+    """`PUT /v0/routers/:r`; the engine checks the body source/dest (403)."""
     p = ctx.principal
     # An existing router whose topics are outside the key's prefixes is neither
     # updated nor described (the 409 re-point detail would name its topics).

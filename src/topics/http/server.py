@@ -23,7 +23,7 @@ Connection-level guards (docs/HTTP_INPUT.md "Connections"), on every protocol:
   them is ``431 headers_too_large``; a method that is a well-formed token but
   not one the parser knows (``get``, ``FOO``) is ``405 method_not_allowed``;
   any other malformed request is ``400 invalid_request``.  All of these carry
-  the canonical error body (API §1.7) and close the connection (HTTP/1.1) or
+  the error body (docs/API.md, "3.1 The envelope") and close the connection (HTTP/1.1) or
   answer just that stream (HTTP/2);
 * a WebSocket message larger than the body limit is dropped unread and reported
   to the app, which answers it with an error message; the socket stays open.

@@ -1,4 +1,8 @@
-"""Handlers for topic lifecycle, write, diff and record delete (API §3-6)."""
+"""Handlers for topic lifecycle, write, diff and record delete.
+
+The routes are described in docs/API.md, sections 6 ("6. Topics") to 10
+("10. Deleting records").
+"""
 
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ __all__ = [
 
 
 async def put_topic(ctx: Ctx) -> Resp:
-    check_config_names(ctx.principal, ctx.body)  # `dead_letter` is a name too (API §1.3)
+    check_config_names(ctx.principal, ctx.body)  # `dead_letter` is a name too
     t, created = ctx.engine.put_topic(ctx.params["topic"], ctx.body)
     body = {"topic": t.name, "created": created, "config": t.config.to_wire()}
     return json_resp(201 if created else 200, body, ctx.t0)
@@ -98,7 +102,7 @@ async def wait_topic(t: Topic, timeout_s: float, stop: asyncio.Event | None = No
 
 
 async def write(ctx: Ctx) -> Resp:
-    """`POST /v0/topics/:t` (API §4)."""
+    """`POST /v0/topics/:t` (docs/API.md, "7.1 `POST /v0/topics/:topic`")."""
     eng = ctx.engine
     name = ctx.params["topic"]
     req = eng.parse_write(ctx.body, ctx.header(b"idempotency-key"))
@@ -135,7 +139,10 @@ async def write(ctx: Ctx) -> Resp:
 
 
 def render_diff(t: Topic, r: object, t0: float) -> bytes:
-    """Splice stored record fragments into a diff response body (API §5)."""
+    """Splice stored record fragments into a diff response body.
+
+    See docs/API.md, "8.1 `POST /v0/topics/:topic/diff`".
+    """
     from topics.engine.topic import ReadResult
 
     assert isinstance(r, ReadResult)
@@ -162,7 +169,10 @@ def render_diff(t: Topic, r: object, t0: float) -> bytes:
 
 
 async def diff(ctx: Ctx) -> Resp:
-    """`POST /v0/topics/:t/diff` with optional long-poll (API §5)."""
+    """`POST /v0/topics/:t/diff` with optional long-poll.
+
+    See docs/API.md, "8.1 `POST /v0/topics/:topic/diff`".
+    """
     eng = ctx.engine
     name = ctx.params["topic"]
     p = eng.parse_diff(ctx.body)

@@ -1,4 +1,6 @@
-"""Multiplexed SSE watch: `POST /v0/watch` and `GET /v0/watch/:wid` (API §8).
+"""Multiplexed SSE watch: `POST /v0/watch` and `GET /v0/watch/:wid`.
+
+The routes are described in docs/API.md, "12. Watch: multiplexed Server-Sent Events".
 
 The session state and the per-topic drain step live in :mod:`topics.engine.watch`;
 this module is the asyncio shell: checks, headers, the park/wake loop,
@@ -33,7 +35,7 @@ FLUSH_BYTES = 65_536  # a catch-up pass is written out in pieces of about this s
 
 
 async def create_watch(ctx: Ctx) -> Resp:
-    """`POST /v0/watch` (API §8.2)."""
+    """`POST /v0/watch` (docs/API.md, "12.1 `POST /v0/watch`")."""
     p = ctx.principal
     body = ctx.app.watches.create(
         ctx.body,
@@ -63,7 +65,10 @@ def _check_binding(ctx: Ctx, session: WatchSession) -> None:
 
 
 async def stream(ctx: Ctx) -> None:
-    """`GET /v0/watch/:wid` (API §8.3): 406 -> 404 -> 401 -> 429, then the stream."""
+    """`GET /v0/watch/:wid`: 406 -> 404 -> 401 -> 429, then the stream.
+
+    See docs/API.md, "12.2 `GET /v0/watch/:wid`".
+    """
     app = ctx.app
     if not _accepts_sse(ctx):
         raise TopicsError(406, "not_acceptable", "this endpoint only produces text/event-stream")

@@ -1,4 +1,4 @@
-"""The WebSocket data plane: `GET /v0/ws` (API §9).
+"""The WebSocket data plane: `GET /v0/ws` (docs/API.md, "13. WebSocket").
 
 One connection runs three tasks: the reader (commands, handled in order), the
 delivery loop (every subscription drained through the same read pipeline as

@@ -1,4 +1,4 @@
-"""PySpark source and sink for topics: `spark.read.format("topics")` (issue 4).
+"""PySpark source and sink for topics: `spark.read.format("topics")` (docs/SPARK.md).
 
 Install with `pip install topics[spark]` (pyspark >= 4, pyarrow, pandas < 3;
 Java 17 at run time). The format is registered automatically in every new

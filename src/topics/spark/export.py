@@ -1,4 +1,6 @@
-"""`topics spark-export DATA_DIR --to parquet OUT`: bulk export of topic history (issue 4 §5).
+"""`topics spark-export DATA_DIR --to parquet OUT`: bulk export of topic history.
+
+See docs/SPARK.md, "Bulk export to Parquet".
 
 Writes Parquet with pyarrow straight from the offline segment reader
 (:mod:`topics.spark.segments`): no JVM and no server, the same planning,

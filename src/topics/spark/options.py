@@ -2,11 +2,11 @@
 
 Spark hands every option over as a string (keys case-insensitive); this module
 turns them into typed values and raises :class:`OptionError` naming the option
-and the values it accepts when one does not parse (issue 4: "a bad option names
-the option and the accepted values"). No pyspark import here: the export tool
+and the values it accepts when one does not parse (docs/SPARK.md,
+"Options"). No pyspark import here: the export tool
 uses it without a JVM.
 
-Seq positions follow Spark's Kafka source (issue 4 §2-§3):
+Seq positions follow Spark's Kafka source (docs/SPARK.md, "Options"):
 
 * `startingSeq`: the first seq read, inclusive. `"earliest"` (each topic's
   first live seq), `"latest"` (only records written after the query starts;

@@ -1,4 +1,4 @@
-"""Offline reads of a data directory: segment files -> Arrow record batches (issue 4 §2).
+"""Offline reads of a data directory: segment files -> Arrow record (docs/SPARK.md).
 
 No server and no JVM: this module plans and decodes; :mod:`topics.spark.source`
 runs one Spark task per :class:`SegmentSlice`, and `topics spark-export` runs
@@ -81,7 +81,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: The record schema of issue 4 §2 (Spark DDL). `data` is `binary` with `valueFormat=binary`.
+#: The record schema (docs/SPARK.md, "Schema"), as Spark DDL.
+#: `data` is `binary` with `valueFormat=binary`.
 DDL_SCHEMA = (
     "topic string, seq long, ts timestamp, tag string, node string, meta string, data string"
 )

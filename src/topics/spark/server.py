@@ -1,18 +1,19 @@
-"""Reads and writes through a running server's `/v0` API (issue 4 §3-§4). No pyspark import.
+"""Reads and writes through a running server's `/v0` API (docs/SPARK.md). No pyspark import.
 
-* :class:`Client`: httpx with the bearer token (API §1.2), retries of transport
+* :class:`Client`: httpx with the bearer token (docs/API.md, "2.1 Keys"), retries of transport
   errors, `429` and `503` (honouring `Retry-After`), and the error envelope
-  (API §1.7) turned into :class:`ServerError`.
+  (docs/API.md, "3.1 The envelope") turned into :class:`ServerError`.
 * Offsets are per-topic cursors: `{"topic": seq}` where `seq` is the last seq a
-  read has covered, i.e. the `from_seq` of the next `diff` (API §5). A range
-  `(start, end]` of one topic is read with :func:`read_range`.
+  read has covered, i.e. the `from_seq` of the next `diff` (docs/API.md, "8. Reading:
+  diff, cursors and pagination"). A range `(start, end]` of one topic is read
+  with :func:`read_range`.
 * :func:`read_range` follows Spark's Kafka source on data loss: a tombstone
-  (SEMANTICS §7: records evicted by cap/TTL/source trim, or the topic recreated)
+  (docs/SPARK.md, "Data loss": records evicted by cap/TTL/source trim, or the topic recreated)
   raises :class:`DataLossError` with the gap when `fail_on_data_loss`, and is
   logged and skipped otherwise. Deletes a user asked for are silent (no
   tombstone), so they are never data loss.
 * :class:`RecordSink`: the sink's per-partition writer; it posts chunks of
-  records with idempotency keys (API §1.9) so a retried task replays its
+  records with idempotency keys (docs/API.md, "7.2 Idempotent writes") so a retried task replays its
   chunks instead of appending them twice.
 """
 
@@ -45,7 +46,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: The server's batch limit (API §4).
+#: The server's batch limit (docs/API.md, "16. Limits and the knobs that shape the API").
 MAX_RECORDS_PER_REQUEST = 10000
 #: `diff` page size: the server clamps `limit` to 1000 and `max_batch_bytes` to 8 MiB.
 _DIFF_LIMIT = 1000
@@ -54,7 +55,10 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,254}$")
 
 
 class ServerError(RuntimeError):
-    """A non-2xx answer from the server: `status`, `code` (API §1.7 registry), `message`."""
+    """A non-2xx answer from the server: `status`, `code`, `message`.
+
+    See docs/API.md, "3.3 Every error code".
+    """
 
     def __init__(self, method: str, path: str, status: int, code: str, message: str) -> None:
         super().__init__(f"{method} {path}: HTTP {status} {code}: {message}")
@@ -64,7 +68,7 @@ class ServerError(RuntimeError):
 
 
 class DataLossError(RuntimeError):
-    """Records a query had not read yet are gone (a tombstone, SEMANTICS §7).
+    """Records a query had not read yet are gone (a tombstone, docs/API.md, "9. Tombstones").
 
     Attributes: `topic`, `gap_from`, `gap_to` (inclusive seqs), `reason`
     (`cap`, `ttl`, `mixed`, `source_trim`, `recreated`, or `deleted` when the
@@ -83,7 +87,7 @@ class DataLossError(RuntimeError):
 
 
 def check_topic_name(name: str) -> str:
-    """`name` if it is a valid topic name (API §1.11), else ValueError."""
+    """`name` if it is a valid topic name (docs/API.md, "1. Basics"), else ValueError."""
     if not _NAME_RE.match(name):
         raise ValueError(
             f"{name!r} is not a valid topic name (1-255 of A-Z a-z 0-9 . _ : -, "
@@ -169,11 +173,17 @@ class Client:
     # -- endpoints --------------------------------------------------------------------
 
     def topic_state(self, topic: str) -> dict[str, Any] | None:
-        """`GET /v0/topics/:t?touch=false` (API §3.2), None when the topic does not exist."""
+        """`GET /v0/topics/:t?touch=false`, None when the topic does not exist.
+
+        See docs/API.md, "6.2 `GET /v0/topics/:topic`".
+        """
         return self.request("GET", f"/v0/topics/{topic}", params={"touch": "false"}, ok404=True)
 
     def list_topics(self) -> list[str]:
-        """Every topic name the key may see (`GET /v0/topics`, all pages, API §3.3)."""
+        """Every topic name the key may see (`GET /v0/topics`, all pages).
+
+        See docs/API.md, "6.3 `GET /v0/topics`".
+        """
         names: list[str] = []
         cursor: str | None = None
         while True:
@@ -188,7 +198,10 @@ class Client:
                 return names
 
     def diff(self, topic: str, from_seq: int, limit: int = _DIFF_LIMIT) -> dict[str, Any] | None:
-        """`POST /v0/topics/:t/diff` with tags and meta (API §5); None when the topic is gone."""
+        """`POST /v0/topics/:t/diff` with tags and meta; None when the topic is gone.
+
+        See docs/API.md, "8.1 `POST /v0/topics/:topic/diff`".
+        """
         body = orjson.dumps(
             {
                 "from_seq": from_seq,
@@ -201,7 +214,10 @@ class Client:
         return self.request("POST", f"/v0/topics/{topic}/diff", body=body, ok404=True)
 
     def append(self, topic: str, body: bytes) -> dict[str, Any]:
-        """`POST /v0/topics/:t?return_seqs=false` with a ready JSON body (API §4)."""
+        """`POST /v0/topics/:t?return_seqs=false` with a ready JSON body.
+
+        See docs/API.md, "7.1 `POST /v0/topics/:topic`".
+        """
         out = self.request(
             "POST", f"/v0/topics/{topic}", body=body, params={"return_seqs": "false"}
         )
@@ -224,7 +240,7 @@ class TopicRange:
 def records_to_batch(
     topic: str, records: Sequence[dict[str, Any]], value_format: str
 ) -> pa.RecordBatch:
-    """`diff` records (API §1.6) as one record batch of :func:`arrow_schema`."""
+    """`diff` records (docs/API.md, "4. Records") as one record batch of :func:`arrow_schema`."""
     dumps = orjson.dumps
     data: list[Any]
     if value_format == "binary":
@@ -310,7 +326,8 @@ class RecordSink:
     key is `f"{key_prefix}:{topic}:{n}"` with `n` the chunk's number within the
     topic for this task, so the same input in the same order (a retried task)
     produces the same keys and the server returns the first write instead of
-    appending again (API §1.9, within the topic's `idempotency_window_ms`).
+    appending again, within the topic's `idempotency_window_ms` (docs/API.md,
+    "7.2 Idempotent writes").
     """
 
     def __init__(

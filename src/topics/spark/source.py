@@ -1,6 +1,6 @@
 """The PySpark data source `topics`: batch and streaming reads, batch and streaming writes.
 
-Issue 4 §1-§4. Built on the Python Data Source API (`pyspark.sql.datasource`,
+See docs/SPARK.md. Built on the Python Data Source API (`pyspark.sql.datasource`,
 pyspark >= 4.1 for filter pushdown, 4.2 for `latestOffset(start, limit)`).
 Register it with :func:`topics.spark.register` or rely on the automatic
 registration of the `pyspark_topics` module installed with `topics[spark]`.
@@ -399,7 +399,10 @@ class _ServerOptions:
 
 
 def _start_cursor(spec: int, state: Mapping[str, Any]) -> int:
-    """The cursor (`from_seq`) a position resolves to for a topic in `state` (API §3.2)."""
+    """The cursor (`from_seq`) a position resolves to for a topic in `state`.
+
+    See docs/API.md, "6.2 `GET /v0/topics/:topic`".
+    """
     if spec == EARLIEST:
         return max(int(state["earliest_seq"]) - 1, 0)
     if spec == LATEST:

@@ -534,7 +534,7 @@ class WalJournal:
         return out
 
     def metrics(self) -> dict[str, Any]:
-        """The `wal` object of the JSON metrics form (API §11.3)."""
+        """The `wal` object of the JSON metrics form (docs/API.md, "15.3 `GET /v0/metrics`")."""
         m = [s.metrics for s in self.shards]
         return {
             "fsyncs": sum(x.fsyncs for x in m),
@@ -552,7 +552,7 @@ class WalJournal:
         }
 
     def prometheus_lines(self) -> list[str]:
-        """WAL metrics in Prometheus text form (API §11.3)."""
+        """WAL metrics in Prometheus text form (docs/API.md, "15.3 `GET /v0/metrics`")."""
         j = self.metrics()
         out: list[str] = []
 

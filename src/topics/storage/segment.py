@@ -270,7 +270,7 @@ def _entries(
 class SegmentWriter:
     """Appends frames to the active segment `seg-<first_seq>` of `directory`.
 
-    Seed 0 "Checkpointing the WAL into segments" / "Sealing triggers". The
+    The layout is that of docs/FORMATS.md, "Segment files". The
     constructor creates both files (and the directory); it refuses to clobber a
     non-empty existing segment (:meth:`resume` reopens one). Appends write their
     `.data` bytes at once; their `.idx` entries are written by :meth:`flush`,
@@ -651,9 +651,9 @@ class SegmentWriter:
 class SegmentReader:
     """Reads one segment; `sealed=False` for the active one.
 
-    Seed 0 "Serving reads: mmap vs buffered": a sealed `.data` on a
-    :class:`~topics.storage.fs.RealFs` is mapped once (`use_mmap`) and each
-    record is a slice; the active segment, or any other `Fs`, uses `pread`.
+    A sealed `.data` on a :class:`~topics.storage.fs.RealFs` is mapped once
+    (`use_mmap`) and each record is a slice; the active segment, or any other
+    `Fs`, uses `pread`.
     Every frame returned has been verified (:func:`frame_problem`).
 
     Raises:
@@ -844,9 +844,9 @@ class SegmentReader:
     def mark_deleted(self, seqs: Iterable[int]) -> None:
         """Flip the `.idx` flags byte of each seq to 0xD5 in place, then fdatasync.
 
-        Seed 2 §3.5: a delete never rewrites `.data`; the flag sits outside the
-        checksum. Idempotent. Raises SegmentRangeError (before writing anything)
-        for a seq outside the segment.
+        A delete never rewrites `.data`; the flag sits outside the checksum
+        (docs/FORMATS.md, "Segment files"). Idempotent. Raises SegmentRangeError
+        (before writing anything) for a seq outside the segment.
         """
         wanted = sorted(set(seqs))
         if not wanted:

@@ -706,7 +706,7 @@ def load_topic(
 def flip_deleted(fs: Fs, idx_path: str, first_seq: int, seqs: list[int]) -> None:
     """Set the `.idx` flags byte of each seq to 0xD5 in place, then fdatasync.
 
-    Seed 2 §3.5: `.data` is never rewritten; the flag is outside the checksum.
+    `.data` is never rewritten (docs/FORMATS.md, "Segment files"); the flag is outside the checksum.
     Seqs past the file's entries are ignored. Raises OSError from the fs.
     """
     f = fs.open(idx_path, write=True)
