@@ -41,7 +41,7 @@ _STR_FIELDS = {"type", "discard", "durability", "dead_letter"}
 
 
 def topic_config_from_kafka(configs: list[tuple[str, str | None]]) -> dict[str, Any]:
-    """CreateTopics configs -> a `/v0` topic config body (API §1.12).
+    """CreateTopics configs -> a `/v0` topic config body (docs/API.md, "5. The topic config object").
 
     `/v0` field names are taken as they are (`durability=fsync`,
     `cap_records=1000`, ...); `retention.ms` and `retention.bytes` map to

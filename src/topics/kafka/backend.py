@@ -33,7 +33,7 @@ READ_LIMIT = 10_000
 
 
 class BackendError(Exception):
-    """An engine refusal: HTTP-style `status` and `code` (API §1.7) plus message."""
+    """An engine refusal: HTTP-style `status` and `code` (docs/API.md, "3.3 Every error code") plus message."""
 
     def __init__(self, status: int, code: str, message: str) -> None:
         super().__init__(message)
@@ -48,7 +48,8 @@ def _wrap(exc: TopicsError) -> BackendError:
 
 @dataclass(frozen=True, slots=True)
 class Partition:
-    """Watermarks of a topic instance (SEMANTICS §3): seqs, not Kafka offsets."""
+    """Watermarks of a topic instance (docs/API.md, "8. Reading: diff, cursors and pagination"): seqs,
+    not Kafka offsets."""
 
     instance: int
     head_seq: int
@@ -137,7 +138,7 @@ class KafkaBackend:
                 raise _wrap(exc) from None
 
     async def create(self, name: str, config: dict[str, Any]) -> bool:
-        """Create `name` with a `/v0` config body (API §1.12); False if it exists.
+        """Create `name` with a `/v0` config body (docs/API.md, "5. The topic config object"); False if it exists.
 
         Raises :class:`BackendError` (400 bad name/config, 429 topic cap, 500 log
         failure). Returns once the create is durable.
@@ -162,7 +163,7 @@ class KafkaBackend:
             raise _wrap(exc) from None
 
     async def delete(self, name: str) -> bool:
-        """Delete the topic instance `name` (API §3.4); False when absent."""
+        """Delete the topic instance `name` (docs/API.md, "6.4 `DELETE /v0/topics/:topic`"); False when absent."""
         try:
             res = self.engine.delete_topic(name)
         except TopicsError as exc:

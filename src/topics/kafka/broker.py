@@ -8,7 +8,7 @@ only the table's pre-authentication APIs are served; anything else, an
 undecodable frame or an unknown API key closes the connection. A version
 outside the table's range is answered with UNSUPPORTED_VERSION (35).
 
-Authorization mirrors `/v0` (API §1.3) with the connection's API key
+Authorization mirrors `/v0` (docs/API.md, "2. Authentication, scopes and name prefixes") with the connection's API key
 (docs/KAFKA.md "Tenancy and authentication"): :meth:`Broker.allowed` checks a
 scope and the key's prefix allowlist for one topic name; the handlers say
 which scope each API needs.

@@ -67,7 +67,7 @@ NOT_COMMITTED = "not_committed"
 #: (operation, what the engine said) -> Kafka error code (docs/KAFKA.md "Errors").
 #:
 #: What the engine said is tried from the most to the least specific: the
-#: TopicsError `code` (src/topics/errors.py, API §1.7), then its HTTP `status`,
+#: TopicsError `code` (src/topics/errors.py; docs/API.md, "3.3 Every error code"), then its HTTP `status`,
 #: then None (anything else the operation can meet).
 ENGINE_ERRORS: dict[tuple[str, str | int | None], int] = {
     (WRITE, "record_too_large"): MESSAGE_TOO_LARGE,

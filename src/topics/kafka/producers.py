@@ -4,7 +4,7 @@ Kafka's idempotent producer numbers its batches per partition (`baseSequence`,
 wrapping at 2^31). The broker keeps, per (producer id, topic instance), the
 epoch, the next expected sequence and the last five batches with the offset
 each got. A retried batch that matches one of those is answered with the
-original offset and written nothing (seed 003's requirement that offsets stay
+original offset and written nothing (offsets must stay
 contiguous: a retry must not append twice); a gap is refused with
 OUT_OF_ORDER_SEQUENCE_NUMBER and an older epoch with INVALID_PRODUCER_EPOCH.
 
