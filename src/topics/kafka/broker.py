@@ -213,7 +213,12 @@ class Broker:
         return res
 
     async def _guard(self, conn: ConnState, key: int, coro: Any) -> Any:
-        """Run a handler; an unexpected failure closes only this connection."""
+        """Run a handler in its own journal request scope (it waits for the log frames
+        it wrote, never another request's: docs/ARCHITECTURE.md, "The write path");
+        an unexpected failure closes only this connection."""
+        journal = self.backend.engine.journal
+        open_request = getattr(journal, "open_request", None)
+        token = open_request() if open_request is not None else None
         try:
             return await coro
         except asyncio.CancelledError:
@@ -221,3 +226,6 @@ class Broker:
         except Exception:
             log.exception("kafka: %s handler failed for %s", P.API_NAMES[key], conn.peer)
             raise
+        finally:
+            if token is not None:
+                journal.close_request(token)
