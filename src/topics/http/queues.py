@@ -197,6 +197,20 @@ SSE_HEADERS = [
 ]
 
 
+def _why_work_ends(
+    app: TopicsApp, ctx: Ctx, principal: Any, name: str, t: Any
+) -> tuple[int | str, str] | None:
+    """Why a `/work` stream must end now (its `event: error` code and message), or None."""
+    if app.shutting_down.is_set():
+        return "server_shutting_down", "server is shutting down; reconnect"
+    if not t.alive or ctx.engine.get(name) is not t or not t.config.is_queue:
+        return 409, "topic is no longer a queue"
+    if principal.prefixes and not _dead_letter_allowed(principal, t):
+        # Reconfigured (by another key) to dead-letter outside this key's prefixes.
+        return 403, "this key may not access the dead-letter topic of this queue"
+    return None
+
+
 async def work(ctx: Ctx) -> None:
     """`GET /v0/topics/:q/work`: push claimed jobs as SSE `job` frames.
 
@@ -246,43 +260,10 @@ async def work(ctx: Ctx) -> None:
         await send({"type": "http.response.body", "body": b"retry: 2000\n\n", "more_body": True})
         last_frame = time.monotonic()
         while not disconnected.is_set():
-            if app.shutting_down.is_set():
-                frame = orjson.dumps(
-                    {
-                        "code": "server_shutting_down",
-                        "error": "server is shutting down; reconnect",
-                        "topic": name,
-                    }
-                )
-                await send(
-                    {
-                        "type": "http.response.body",
-                        "body": b"event: error\ndata: " + frame + b"\n\n",
-                        "more_body": True,  # the final empty body below ends the response
-                    }
-                )
-                break
-            if not t.alive or ctx.engine.get(name) is not t or not t.config.is_queue:
-                frame = orjson.dumps(
-                    {"code": 409, "error": "topic is no longer a queue", "topic": name}
-                )
-                await send(
-                    {
-                        "type": "http.response.body",
-                        "body": b"event: error\ndata: " + frame + b"\n\n",
-                        "more_body": True,  # the final empty body below ends the response
-                    }
-                )
-                break
-            if principal.prefixes and not _dead_letter_allowed(principal, t):
-                # Reconfigured (by another key) to dead-letter outside this key's prefixes.
-                frame = orjson.dumps(
-                    {
-                        "code": 403,
-                        "error": "this key may not access the dead-letter topic of this queue",
-                        "topic": name,
-                    }
-                )
+            ended = _why_work_ends(app, ctx, principal, name, t)
+            if ended is not None:
+                code, message = ended
+                frame = orjson.dumps({"code": code, "error": message, "topic": name})
                 await send(
                     {
                         "type": "http.response.body",
