@@ -70,10 +70,9 @@ from topics.format.frame import (
 from topics.format.idx import DELETED, IDX_ENTRY_DTYPE
 from topics.format.snapshot import SnapshotInvalid, decode_snapshot
 from topics.storage.fs import Fs
-from topics.storage.recovery import cold_firsts, lost_ranges
+from topics.storage.recovery import segment_damage
 from topics.storage.segment import IDX_ENTRY_SIZE, SegmentPaths, scan_segments, topic_dir
 from topics.storage.snapshot import list_snapshots
-from topics.storage.topicstore import SegmentDamage, check_published, published_upto
 from topics.storage.wal import ShardScan, scan_shard
 
 __all__ = [
@@ -758,30 +757,19 @@ def _check_published(
     body = _newest_valid(fs, snaps)
     if body is None:
         return
-    lost = lost_ranges(body, scans)
-    for m in body.get("topics") or []:
-        tid = int(m["id"])
-        d = topic_dir(data_dir, tid)
-        try:
-            segs = scan_segments(fs, d)
-            check_published(
-                fs,
+    ids = sorted(int(m["id"]) for m in body.get("topics") or [])
+    try:
+        damaged = segment_damage(fs, data_dir, ids, body, scans, cold_dir)
+    except OSError as e:
+        report.add("unreadable", posixpath.join(data_dir, "topics"), str(e))
+        return
+    for exc in damaged:
+        d = topic_dir(data_dir, exc.topic_id)
+        for problem, (a, b) in zip(exc.problems, exc.ranges, strict=True):
+            report.add(
+                "segment_damage",
                 d,
-                tid,
-                published_upto(m),
-                [first for first, _p in segs.segments],
-                segs.strays,
-                lost.get(tid, []),
-                cold_firsts(fs, cold_dir, tid),
+                f"{problem}; seqs {a}..{b} at risk; the server refuses to start until "
+                "`topics repair` (or rebuilds it when the WAL still holds them)",
+                seq=a,
             )
-        except SegmentDamage as exc:
-            for problem, (a, b) in zip(exc.problems, exc.ranges, strict=True):
-                report.add(
-                    "segment_damage",
-                    d,
-                    f"{problem}; seqs {a}..{b} at risk; the server refuses to start until "
-                    "`topics repair` (or rebuilds it when the WAL still holds them)",
-                    seq=a,
-                )
-        except OSError as e:
-            report.add("unreadable", d, str(e))

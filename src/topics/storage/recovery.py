@@ -186,7 +186,7 @@ def _scan_all(
     return scans, leftovers
 
 
-def _check_segments(
+def segment_damage(
     fs: Fs,
     data_dir: str,
     ids: list[int],
@@ -194,7 +194,9 @@ def _check_segments(
     scans: list[ShardScan],
     cold_dir: str | None = None,
 ) -> list[SegmentDamage]:
-    """Every damaged segment `body` relies on (read-only), one error per topic."""
+    """Every damaged segment the snapshot `body` relies on, for topics `ids`, one
+    error per topic (read-only; recovery, `topics repair` and `topics verify` share
+    it). Raises OSError when a file cannot be read."""
     ckpts = {int(m["id"]): published_upto(m) for m in (body or {}).get("topics") or []}
     lost = lost_ranges(body, scans)
     out: list[SegmentDamage] = []
@@ -217,7 +219,7 @@ def _check_segments(
     return out
 
 
-def _segment_starts(fs: Fs, d: str) -> list[int]:
+def segment_starts(fs: Fs, d: str) -> list[int]:
     segs = scan_segments(fs, d)
     return sorted(
         {first for first, _p in segs.segments}
@@ -243,7 +245,7 @@ def _rebuild_plan(
     out: dict[int, list[int]] = {}
     for e in damaged:
         pub = pubs.get(e.topic_id, 0)
-        starts = _segment_starts(fs, topic_dir(data_dir, e.topic_id))
+        starts = segment_starts(fs, topic_dir(data_dir, e.topic_id))
         for a, _b in e.ranges:
             first = max([x for x in starts if x <= a], default=a)
             if first <= pub:
@@ -329,7 +331,7 @@ def load_data_dir(
     ids = sorted(
         set(topic_ids(fs, data_dir)) | (set(topic_ids(fs, cold_dir)) if cold_dir else set())
     )
-    damaged = _check_segments(fs, data_dir, ids, body, scans, cold_dir)
+    damaged = segment_damage(fs, data_dir, ids, body, scans, cold_dir)
     if damaged:
         older = [x for x in load_valid(fs, meta) if x[0] < snap_n]
         fb = older[0] if older else None
@@ -342,7 +344,7 @@ def load_data_dir(
         _set_aside(fs, data_dir, plan, damaged, int(body.get("taken_ms", 0)) if body else 0)
         snap_n, body = fb
         scans, leftovers = fb_scans, fb_left
-        again = _check_segments(fs, data_dir, ids, body, scans, cold_dir)
+        again = segment_damage(fs, data_dir, ids, body, scans, cold_dir)
         if again:
             raise again[0]
     try:

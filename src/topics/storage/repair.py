@@ -56,10 +56,14 @@ from topics.format.frame import (
 )
 from topics.storage.fs import Fs, read_file, write_all, write_file
 from topics.storage.journal import shard_dirs, shard_of
-from topics.storage.recovery import existing_shard_dirs, lost_ranges, topic_ids
-from topics.storage.segment import scan_segments, segment_paths, topic_dir
+from topics.storage.recovery import (
+    existing_shard_dirs,
+    segment_damage,
+    segment_starts,
+    topic_ids,
+)
+from topics.storage.segment import segment_paths, topic_dir
 from topics.storage.snapshot import load_latest
-from topics.storage.topicstore import SegmentDamage, check_published, published_upto
 from topics.storage.wal import (
     Damage,
     ShardScan,
@@ -291,7 +295,6 @@ def plan_repair(fs: Fs, data_dir: str) -> RepairPlan:
             str(pos[0]), int(pos[1]), int(pos[2])
         )
     heads = {int(m["id"]): int(m.get("head", 0)) for m in body.get("topics") or []}
-    ckpts = {int(m["id"]): published_upto(m) for m in body.get("topics") or []}
     shards: list[ShardRepair] = []
     dirs = existing_shard_dirs(fs, data_dir) or shard_dirs(data_dir, 1)
     scans: dict[str, ShardScan] = {}
@@ -304,36 +307,31 @@ def plan_repair(fs: Fs, data_dir: str) -> RepairPlan:
             sr.start = positions.get(posixpath.normpath(d))
             shards.append(sr)
     plan = RepairPlan(data_dir, shards)
-    lost = lost_ranges(body, list(scans.values()))
-    for tid in topic_ids(fs, data_dir):
+    for exc in segment_damage(fs, data_dir, topic_ids(fs, data_dir), body, list(scans.values())):
+        tid = exc.topic_id
         d = topic_dir(data_dir, tid)
-        segs = scan_segments(fs, d)
-        listed = [first for first, _p in segs.segments]
-        try:
-            check_published(fs, d, tid, ckpts.get(tid), listed, segs.strays, lost.get(tid, []))
-        except SegmentDamage as exc:
-            files: list[str] = []
-            starts = sorted({*listed, *(int(posixpath.basename(p)[4:20]) for p in segs.strays)})
-            ranges: list[tuple[int, int]] = []
-            for a, b in exc.ranges:
-                # The whole segment holding the damage moves aside (an active one cut
-                # short loses the seqs it held, said as lost rather than truncated).
-                first = max([x for x in starts if x <= a], default=a)
-                paths = segment_paths(d, first)
-                files += [p for p in (paths.data, paths.idx) if fs.exists(p)]
-                ranges.append((first, b))
-            plan.segments.append(SegmentRepair(tid, sorted(set(files)), ranges, exc.problems))
-            # The lost seqs are logged in the topic's shard, like WAL damage.
-            shard = dirs[shard_of(tid, len(dirs))] if len(dirs) > 1 else dirs[0]
-            sr2 = next((x for x in plan.shards if x.dir == shard), None)
-            if sr2 is None:
-                sr2 = ShardRepair(shard, [])
-                sr2.scan = scans.get(shard) or scan_shard(fs, shard)
-                sr2.start = positions.get(posixpath.normpath(shard))
-                plan.shards.append(sr2)
-            for a, b in ranges:
-                _add(sr2.lost, tid, a, b)
-            sr2.lost = {t: _merge(r) for t, r in sr2.lost.items()}
+        starts = segment_starts(fs, d)
+        files: list[str] = []
+        ranges: list[tuple[int, int]] = []
+        for a, b in exc.ranges:
+            # The whole segment holding the damage moves aside (an active one cut
+            # short loses the seqs it held, said as lost rather than truncated).
+            first = max([x for x in starts if x <= a], default=a)
+            paths = segment_paths(d, first)
+            files += [p for p in (paths.data, paths.idx) if fs.exists(p)]
+            ranges.append((first, b))
+        plan.segments.append(SegmentRepair(tid, sorted(set(files)), ranges, exc.problems))
+        # The lost seqs are logged in the topic's shard, like WAL damage.
+        shard = dirs[shard_of(tid, len(dirs))] if len(dirs) > 1 else dirs[0]
+        sr2 = next((x for x in plan.shards if x.dir == shard), None)
+        if sr2 is None:
+            sr2 = ShardRepair(shard, [])
+            sr2.scan = scans.get(shard) or scan_shard(fs, shard)
+            sr2.start = positions.get(posixpath.normpath(shard))
+            plan.shards.append(sr2)
+        for a, b in ranges:
+            _add(sr2.lost, tid, a, b)
+        sr2.lost = {t: _merge(r) for t, r in sr2.lost.items()}
     return plan
 
 
