@@ -601,26 +601,22 @@ def load_topic(
     root: str,
     topic_id: int,
     cold_root: str | None = None,
-    *,
-    published: Published | None = None,
 ) -> LoadedTopic:
     """Load the segments of topic instance `topic_id` under data dir `root`.
 
     Segments are listed through the topic's tier (HOT preferred when a segment is
     in both). The newest is resumed as the active one (its torn tail past what
     the snapshot relies on, if any, is truncated: the WAL still holds those
-    records); older ones are sealed and only their `.idx` is read. With
-    `published` (:func:`published_upto` of the topic's snapshot map), a damaged
-    segment the snapshot relies on raises :class:`SegmentDamage` before anything
-    changes (:func:`check_published`; recovery checks every topic first and
-    passes None). Raises OSError from the fs.
+    records); older ones are sealed and only their `.idx` is read. The caller has
+    already checked the segments the snapshot relies on (:func:`check_published`,
+    for every topic before anything changes). Raises OSError from the fs.
     """
     store = TopicStore.create(fs, root, topic_id, cold_root)
     d = store.dir
     scan = scan_segments(fs, d)
-    check_published(fs, d, topic_id, published, [first for first, _p in scan.segments], scan.strays)
-    # A half without its pair that no snapshot relies on was written by a checkpoint
-    # that never published its snapshot (the WAL still has those records): it goes.
+    # The check passed, so a half without its pair was never published (an
+    # interrupted checkpoint: the WAL still has those records) or is what a drop
+    # left behind: it goes.
     for path in scan.strays:
         log.warning("removing segment half without its pair: %s", path)
         fs.unlink(path)
