@@ -1,8 +1,10 @@
 """The import rules between layers (pyproject.toml `[tool.importlinter]`) hold.
 
 The on-disk format imports nothing of the project, the engine imports neither
-storage nor any shell, and storage imports no shell. Checked with import-linter
-over the installed source tree.
+storage nor any shell, storage imports no shell, the composition root
+(`topics.node`) and authentication (`topics.auth`) import no shell, and the HTTP
+and Kafka shells import nothing of each other. Checked with import-linter over
+the installed source tree.
 """
 
 from __future__ import annotations
@@ -30,3 +32,23 @@ def test_layer_contracts_hold() -> None:
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "0 broken" in r.stdout, r.stdout
+
+
+def test_every_layer_rule_is_a_contract() -> None:
+    """The contracts listed in the docstring above are all in pyproject.toml."""
+    import tomllib
+
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        contracts = tomllib.load(f)["tool"]["importlinter"]["contracts"]
+    forbidden = {
+        src: set(c["forbidden_modules"])
+        for c in contracts
+        if c["type"] == "forbidden"
+        for src in c["source_modules"]
+    }
+    shells = {"topics.http", "topics.kafka", "topics.spark", "topics.cli"}
+    assert shells <= forbidden["topics.storage"]
+    assert shells | {"topics.storage", "topics.node"} <= forbidden["topics.engine"]
+    assert shells <= forbidden["topics.node"] and shells <= forbidden["topics.auth"]
+    independent = [set(c["modules"]) for c in contracts if c["type"] == "independence"]
+    assert {"topics.http", "topics.kafka"} in independent

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
+from topics.auth import Authenticator, Principal, bearer, token_from_query
 from topics.clock import Clock, SystemClock
 from topics.config import SCOPE_ADMIN, SCOPE_DELETE, SCOPE_READ, SCOPE_WRITE, ServerConfig
 from topics.engine.core import Engine
@@ -38,7 +39,6 @@ from topics.engine.records import (
     loads,
 )
 from topics.errors import TopicsError, bad_request
-from topics.http.auth import Authenticator, Principal, bearer, token_from_query
 from topics.http.responses import Resp, error_resp
 
 __all__ = ["TopicsApp", "Ctx", "build_app", "drive"]

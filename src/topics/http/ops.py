@@ -20,10 +20,10 @@ from typing import Any
 import orjson
 
 from topics import __version__
+from topics.auth import Principal
 from topics.engine.topic import Topic
 from topics.errors import TopicsError
 from topics.http.app import Ctx, TopicsApp
-from topics.http.auth import Principal
 from topics.http.responses import Resp
 
 __all__ = ["health", "ready", "metrics", "render_prometheus", "metrics_json"]

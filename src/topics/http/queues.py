@@ -18,11 +18,11 @@ from typing import Any
 
 import orjson
 
+from topics.auth import Principal
 from topics.engine.queues import Claimer
 from topics.engine.topic import Topic
 from topics.errors import TopicsError, bad_request
 from topics.http.app import Ctx, TopicsApp
-from topics.http.auth import Principal
 from topics.http.responses import Resp, json_resp
 
 __all__ = ["claim", "ack", "nack", "extend", "work", "check_dead_letter"]

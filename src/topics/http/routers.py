@@ -9,9 +9,9 @@ attach to nor learn about routers that touch topics outside its prefixes.
 
 from __future__ import annotations
 
+from topics.auth import forbidden_name
 from topics.engine.core import clamp_page_size
 from topics.http.app import Ctx
-from topics.http.auth import forbidden_name
 from topics.http.responses import Resp, json_resp
 
 __all__ = ["put_router", "get_router", "list_routers", "delete_router"]

@@ -11,12 +11,12 @@ import time
 
 import orjson
 
+from topics.auth import check_config_names
 from topics.config import SCOPE_ADMIN
 from topics.engine.core import Replay
 from topics.engine.topic import PendingWrite, Topic
 from topics.errors import TopicsError
 from topics.http.app import Ctx, drive
-from topics.http.auth import check_config_names
 from topics.http.responses import JSON_CT, Resp, json_resp
 
 __all__ = [

@@ -16,11 +16,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from topics.auth import bearer, token_from_query
 from topics.engine.topic import Topic
 from topics.engine.watch import WatchSession, WatchStream, clamp_heartbeat
 from topics.errors import TopicsError
 from topics.http.app import Ctx
-from topics.http.auth import bearer, token_from_query
 from topics.http.responses import Resp, json_resp
 
 __all__ = ["create_watch", "stream", "SSE_HEADERS", "Waker"]

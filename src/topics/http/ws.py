@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from topics.auth import check_config_names
 from topics.config import SCOPE_ADMIN, SCOPE_READ, SCOPE_WRITE
 from topics.engine.core import DEFAULT_BUDGET as WS_DEFAULT_BUDGET
 from topics.engine.core import Replay
@@ -36,7 +37,6 @@ from topics.engine.watch import (
 )
 from topics.errors import TopicsError
 from topics.http.app import Ctx, drive
-from topics.http.auth import check_config_names
 from topics.http.responses import perf
 from topics.http.topics import wait_published
 from topics.http.watch import Waker

@@ -21,8 +21,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from topics.auth import Principal
 from topics.config import SCOPE_READ
-from topics.http.auth import Principal
 from topics.kafka import errors as E
 from topics.kafka import protocol as P
 from topics.kafka.apis import APIS, api_versions_response

@@ -34,10 +34,10 @@ from collections import deque
 from collections.abc import Awaitable
 from typing import Any
 
+from topics.auth import DEV_PRINCIPAL, Authenticator
 from topics.clock import Clock, SystemClock
 from topics.config import ServerConfig
 from topics.engine.core import Engine
-from topics.http.auth import DEV_PRINCIPAL, Authenticator
 from topics.kafka import protocol as P
 from topics.kafka.backend import KafkaBackend
 from topics.kafka.broker import CLOSE, Broker, ConnState

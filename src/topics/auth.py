@@ -1,6 +1,10 @@
-"""Bearer-key authentication and scope/allowlist authorization.
+"""API-key authentication and scope/allowlist authorization, shared by every shell.
 
 The rules are those of docs/API.md, "2. Authentication, scopes and name prefixes".
+The HTTP app takes the key from a bearer header (or `?token=` on SSE GETs:
+:func:`bearer`, :func:`token_from_query`); the Kafka listener from a SASL/PLAIN
+password (docs/KAFKA.md "Tenancy and authentication"). Either way
+:meth:`Authenticator.authenticate` turns it into a :class:`Principal`.
 
 A key with name prefixes may touch only topics (and routers) whose names start
 with one of them. That holds for every name a request makes the server touch,
@@ -25,6 +29,7 @@ __all__ = [
     "Principal",
     "Authenticator",
     "DEV_PRINCIPAL",
+    "bearer",
     "token_from_query",
     "forbidden_name",
     "check_config_names",
