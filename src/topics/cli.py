@@ -106,37 +106,36 @@ def _bind_error(host: str, port: int) -> OSError | None:
 async def _serve(cfg: ServerConfig) -> int:
     """Run `topics serve` until SIGINT/SIGTERM; returns the exit code.
 
-    Start order (README.md "Durability and the data directory"): take the data
-    directory's lock (creating the directory), bind the HTTP port, replay the WAL
-    while answering probes with 503, start the Kafka listener, write the port
-    file. Any failure logs one line and returns 1 after undoing this start: the
-    lock file, a data directory this start created and whatever recovery added
-    are removed; nothing that existed before is touched.
+    One :class:`~topics.node.Node` is built and handed to both shells, the
+    HTTP app and the Kafka listener (docs/ARCHITECTURE.md, "Layers"). Start
+    order (README.md "Durability and the data directory"): take the data
+    directory's lock (creating the directory), bind the HTTP port, replay the
+    WAL while answering probes with 503, start the Kafka listener, write the
+    port file. Any failure logs one line and returns 1 after undoing this
+    start: the lock file, a data directory this start created and whatever
+    recovery added are removed; nothing that existed before is touched. The
+    graceful stop runs in reverse: the Kafka listener, the HTTP server (open
+    streams get their closing frame), then the node (routers drained, the
+    final checkpoint, the lock released).
     """
-    from topics.clock import SystemClock
-    from topics.engine.core import Engine
     from topics.http.app import TopicsApp
     from topics.http.server import ServerHandle, start_server
-    from topics.storage.checkpoint import CheckpointConfig
-    from topics.storage.fs import RealFs
-    from topics.storage.lock import DataDirError, DataDirLock
-    from topics.storage.runtime import Storage, StorageConfig
+    from topics.node import Node
+    from topics.storage.lock import DataDirError
 
+    node = Node(cfg, durable=True)
     try:
-        lock = DataDirLock(cfg.data_dir)
+        node.lock()
     except DataDirError as exc:
         log.error("%s", exc)
         return 1
     handle: ServerHandle | None = None
-    storage: Storage | None = None
 
     async def fail(msg: str, *args: object) -> int:
         log.error(msg, *args)
-        if storage is not None:
-            await storage.abort()
+        await node.abort(discard=True)
         if handle is not None:
             await handle.stop()
-        lock.discard()
         return 1
 
     try:
@@ -164,65 +163,23 @@ async def _serve(cfg: ServerConfig) -> int:
                 _why(busy),
             )
             kafka_port = 0
-    fs = RealFs()
-    clock = SystemClock()
-    engine = Engine(clock=clock, limits=cfg.limits, fs=fs)
-    app = TopicsApp(cfg, clock=clock, engine=engine)
     # Bind first and replay the WAL while answering probes: /v0/ready (and every
     # data route) is 503 not_ready with the replay progress until recovery ends.
-    app.ready = False
-    app.replay_progress = 0.0
+    app = TopicsApp(node)
     try:
         handle = await start_server(app, cfg.host, cfg.port, sockets=sockets)
     except RuntimeError as exc:  # uvicorn refused to start (exits right after)
         return await fail("%s", exc)
-
-    def on_progress(f: float) -> None:
-        app.replay_progress = f
-
-    storage_cfg = StorageConfig(
-        cfg.data_dir,
-        cfg.wal_shards,
-        CheckpointConfig(
-            segment_max_events=cfg.segment_max_events,
-            segment_max_bytes=cfg.segment_max_bytes,
-            segment_max_age_ms=cfg.segment_max_age_ms,
-            interval_ms=cfg.checkpoint_interval_ms,
-            wal_bytes=cfg.checkpoint_wal_bytes,
-            # Triggers are checked every 5 s, or 4 times per interval when that is shorter.
-            check_s=min(5.0, max(0.02, cfg.checkpoint_interval_ms / 4000))
-            if cfg.checkpoint_interval_ms
-            else 5.0,
-        ),
-        {"file_bytes": cfg.wal_file_bytes},
-        cold_dir=cfg.cold_dir,
-    )
     try:
-        storage = await Storage.open(engine, fs, storage_cfg, progress=on_progress)
+        await node.start()
     except Exception as exc:
         return await fail("recovery failed, refusing to serve: %s", exc)
-    report = storage.report
-    log.info(
-        "recovered %d topics: snapshot %d, %d records from %d segment files, "
-        "%d records from %d WAL frames in %d shard(s), in %.3f s%s",
-        report.topics,
-        report.snapshot,
-        report.segment_records,
-        report.segments,
-        report.records,
-        report.frames,
-        report.shards,
-        report.seconds,
-        f"; torn tails truncated: {report.torn}" if report.torn else "",
-    )
-    storage.start()
-    app.storage = storage
     kafka = None
     if kafka_port:
         from topics.kafka import start_kafka
 
         try:
-            kafka = await start_kafka(engine, cfg, handle.host, kafka_port)
+            kafka = await start_kafka(node, handle.host, kafka_port)
         except OSError as exc:
             if kafka_explicit:
                 return await fail(
@@ -231,8 +188,7 @@ async def _serve(cfg: ServerConfig) -> int:
                     _why(exc),
                 )
             log.error("cannot bind the Kafka listener on port %d: %s", kafka_port, _why(exc))
-    app.replay_progress = 1.0
-    app.ready = True
+    node.ready = True
     log.info(
         "topics %s listening on http://%s (data dir %s)",
         __version__,
@@ -246,13 +202,6 @@ async def _serve(cfg: ServerConfig) -> int:
             if kafka is not None:
                 await kafka.stop()
             return await fail("cannot write TOPICS_PORT_FILE %s: %s", cfg.port_file, _why(exc))
-    final_storage = storage
-
-    async def close_storage(_app: TopicsApp) -> None:
-        await final_storage.close()
-        lock.release()
-
-    app.hooks_shutdown.append(close_storage)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -262,6 +211,7 @@ async def _serve(cfg: ServerConfig) -> int:
     if kafka is not None:
         await kafka.stop()
     await handle.stop()
+    await node.stop()
     return 0
 
 

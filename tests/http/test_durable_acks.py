@@ -19,7 +19,7 @@ def _durable(h: Harness, fs: FaultFs) -> WalJournal:
     shards = open_shards(fs, "/data", 1, file_bytes=64 * 1024, sync_interval_s=0.002)
     journal = WalJournal(shards, h.loop)
     journal.topic_ids = lambda n: h.engine.topics[n].topic_id if n in h.engine.topics else 0
-    h.engine.journal = journal
+    h.engine.journal = h.node.wal = journal  # the node waits on it for acknowledgments
     return journal
 
 
@@ -53,7 +53,7 @@ def test_a_large_write_is_laid_out_ahead_sealed_in_place_and_logged_whole(
     disk = FakeDisk()
     shards = open_shards(disk, "/data", 1, file_bytes=4 * 1024 * 1024, sync_interval_s=0.002)
     journal = WalJournal(shards, h.loop)
-    h.engine.journal = journal
+    h.engine.journal = h.node.wal = journal
     submitted: list[WalEntry] = []
     real_submit = shards[0].submit
 

@@ -11,8 +11,8 @@ def test_health_and_ready(h: Harness) -> None:
     assert h.get("/v0/health").json()["status"] == "ok"
     h.write("a", 1)
     assert h.get("/readyz").json() == {"status": "ready", "wal_replay_complete": True, "topics": 1}
-    h.app.ready = False
-    h.app.replay_progress = 0.25
+    h.node.ready = False
+    h.node.replay_progress = 0.25
     err = assert_error(h.get("/v0/ready"), 503, "not_ready")
     assert err["detail"] == {"replay_progress": 0.25}
 

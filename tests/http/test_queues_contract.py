@@ -477,7 +477,7 @@ def test_claim_jitter_cohort_survives_cancelled_members(h: Harness) -> None:
         # wait until `n` claimers have joined the open cohort (white-box, avoids timing)
         async with asyncio.timeout(5):
             while True:
-                cohort = getattr(h.app, "_claim_cohorts", {}).get("q")
+                cohort = h.app.claim_cohorts.get("q")
                 if cohort is not None and len(cohort.claimers) >= n:
                     return
                 await asyncio.sleep(0.001)

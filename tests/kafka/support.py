@@ -62,21 +62,42 @@ class KafkaProcess:
 
 
 class InProcess:
-    """Engine + Kafka listener on a private event loop in a thread (test hooks reachable)."""
+    """A memory-mode node + Kafka listener on a private event loop in a thread (test
+    hooks reachable); `http=True` also serves the node's HTTP app (`.base`).
+    `router_retry_s` overrides the node's stalled-router retry period (s)."""
 
-    def __init__(self, cfg: Any = None) -> None:
-        from topics.clock import SystemClock
+    def __init__(
+        self, cfg: Any = None, *, http: bool = False, router_retry_s: float | None = None
+    ) -> None:
         from topics.config import ServerConfig
-        from topics.engine.core import Engine
         from topics.kafka.server import KafkaServer
+        from topics.node import ROUTER_RETRY_S, Node
 
         self.loop = asyncio.new_event_loop()
-        self.engine = Engine(clock=SystemClock())
-        self.server = KafkaServer(self.engine, cfg or ServerConfig(kafka_port=1))
+        self.node = Node(
+            cfg or ServerConfig(kafka_port=1),
+            router_retry_s=ROUTER_RETRY_S if router_retry_s is None else router_retry_s,
+        )
+        self.engine = self.node.engine
+        self.server = KafkaServer(self.node)
+        self.http: Any = None
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
+        self.call(self.node.start())
         self.call(self.server.start("127.0.0.1", 0))
         self.bootstrap = f"127.0.0.1:{self.server.port}"
+        self.base = ""
+        if http:
+            self.call(self._start_http())
+
+    async def _start_http(self) -> None:
+        from topics.http.app import TopicsApp
+        from topics.http.server import start_server
+
+        self.http = await start_server(
+            TopicsApp(self.node), "127.0.0.1", 0, timeout_graceful_shutdown=2
+        )
+        self.base = f"http://127.0.0.1:{self.http.port}"
 
     def call(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
@@ -89,6 +110,9 @@ class InProcess:
 
     def close(self) -> None:
         self.call(self.server.stop())
+        if self.http is not None:
+            self.call(self.http.stop())
+        self.call(self.node.stop())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
         self.loop.close()

@@ -15,13 +15,18 @@ import httpx
 
 from topics.clock import TestClock
 from topics.config import load_config
-from topics.http.app import TopicsApp
+from topics.http.app import TopicsApp, build_app
+from topics.node import Node
 
 __all__ = ["Harness"]
 
 
 class Harness:
-    """One app + engine + TestClock, and a sync request helper."""
+    """One app over a memory-mode node + TestClock, and a sync request helper.
+
+    The node is not started (no ASGI lifespan runs here): routers forward when
+    a read drains their dest, not from publication.
+    """
 
     def __init__(
         self, env: Mapping[str, str] | None = None, clock: TestClock | None = None
@@ -30,13 +35,14 @@ class Harness:
         self.loop = asyncio.new_event_loop()
         cfg = load_config(dict(env or {}))
         self.app: TopicsApp = self.loop.run_until_complete(self._make(cfg))
+        self.node: Node = self.app.node
         self.engine = self.app.engine
         self.client = httpx.AsyncClient(
             transport=httpx.ASGITransport(app=self.app), base_url="http://testserver"
         )
 
     async def _make(self, cfg: Any) -> TopicsApp:
-        return TopicsApp(cfg, clock=self.clock)
+        return build_app(cfg, clock=self.clock)
 
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(coro)

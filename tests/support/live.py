@@ -16,7 +16,7 @@ import orjson
 from websockets.asyncio.client import connect
 
 from topics.config import load_config
-from topics.http.app import TopicsApp
+from topics.http.app import TopicsApp, build_app
 from topics.http.server import start_server
 
 __all__ = ["LiveServer", "Sse", "live_app"]
@@ -40,7 +40,7 @@ class LiveServer:
 @contextlib.asynccontextmanager
 async def live_app(env: Mapping[str, str] | None = None) -> AsyncIterator[LiveServer]:
     """Serve a fresh app configured from `env` until the block exits."""
-    app = TopicsApp(load_config(dict(env or {})))
+    app = build_app(load_config(dict(env or {})))
     handle = await start_server(app, "127.0.0.1", 0, timeout_graceful_shutdown=2)
     srv = LiveServer(app, handle.port)
     try:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from topics.config import ServerConfig
-from topics.http.app import TopicsApp
+from topics.http.app import TopicsApp, build_app
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "topics"
@@ -57,7 +57,7 @@ def doc() -> str:
 
 @pytest.fixture(scope="module")
 def app() -> TopicsApp:
-    return TopicsApp(ServerConfig())
+    return build_app(ServerConfig())
 
 
 def _concrete(path: str) -> str:

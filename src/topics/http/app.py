@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
-from topics.auth import Authenticator, Principal, bearer, token_from_query
-from topics.clock import Clock, SystemClock
+from topics.auth import Principal, bearer, token_from_query
+from topics.clock import Clock
 from topics.config import SCOPE_ADMIN, SCOPE_DELETE, SCOPE_READ, SCOPE_WRITE, ServerConfig
 from topics.engine.core import Engine
 from topics.engine.frames import FrameCorrupt
@@ -40,6 +40,7 @@ from topics.engine.records import (
 )
 from topics.errors import TopicsError, bad_request
 from topics.http.responses import Resp, error_resp
+from topics.node import Node
 
 __all__ = ["TopicsApp", "Ctx", "build_app", "drive"]
 
@@ -142,36 +143,34 @@ R, W, D, A = SCOPE_READ, SCOPE_WRITE, SCOPE_DELETE, SCOPE_ADMIN
 
 
 class TopicsApp:
-    """The raw ASGI callable serving `/v0`, owning the engine and connection limits."""
+    """The raw ASGI callable serving `/v0` for one :class:`~topics.node.Node`.
 
-    def __init__(
-        self, config: ServerConfig, *, clock: Clock | None = None, engine: Engine | None = None
-    ) -> None:
+    The app holds only what is HTTP's own (the route table, per-key in-flight
+    counts, SSE/WS connection slots, the shutdown signal of open streams); the
+    engine, routers, queues, watch sessions, authenticator, storage and
+    readiness are the node's. With `owns_node` the ASGI lifespan starts and
+    stops the node (an app built by :func:`build_app`); otherwise whoever
+    built the node does (``topics serve``: docs/ARCHITECTURE.md, "Layers").
+    """
+
+    def __init__(self, node: Node, *, owns_node: bool = False) -> None:
         from topics.http import ops, queues, routers, topics, watch, ws
 
-        self.config = config
-        self.clock = clock or SystemClock()
-        self.engine = engine or Engine(clock=self.clock, limits=config.limits)
-        self.auth = Authenticator(config.api_keys)
-        self.ready = True
-        self.replay_progress = 1.0
-        # The durable storage runtime (topics.storage.runtime.Storage), when there is one.
-        self.storage: Any = None
-        self.started = time.monotonic()
+        self.node = node
+        self.owns_node = owns_node
+        self.config = node.config
+        self.clock = node.clock
+        self.engine = node.engine
+        self.routers = node.routers
+        self.queues = node.queues
+        self.watches = node.watches
+        self.auth = node.auth
         self.inflight: dict[bytes, int] = {}
         self.sse_total = 0
         self.sse_per_key: dict[bytes, int] = {}
+        # Open claim cohorts per queue topic (topics.http.queues).
+        self.claim_cohorts: dict[str, Any] = {}
         self.shutting_down = asyncio.Event() if _has_loop() else None
-        self.background: list[asyncio.Task[None]] = []
-        self.hooks_startup: list[Callable[[TopicsApp], Awaitable[None]]] = []
-        self.hooks_shutdown: list[Callable[[TopicsApp], Awaitable[None]]] = []
-        from topics.engine.queues import Queues
-        from topics.engine.routers import RouterSet
-        from topics.engine.watch import WatchRegistry
-
-        self.routers = RouterSet(self.engine)
-        self.queues = Queues(self.engine)
-        self.watches = WatchRegistry(self.engine)
         self._routes = {
             "topics": {"GET": Route(topics.list_topics, (R,))},
             "topic": {
@@ -274,14 +273,11 @@ class TopicsApp:
     # ------------------------------------------------------------ lifecycle
 
     async def startup(self) -> None:
+        """ASGI lifespan startup: starts the node when the app owns it."""
         if self.shutting_down is None:
             self.shutting_down = asyncio.Event()
-        for hook in self.hooks_startup:
-            await hook(self)
-        # Publication schedules forwarding (whichever shell wrote); the periodic pass
-        # below only retries sources that could not move (a full dest).
-        self.routers.schedule = asyncio.get_running_loop().call_soon
-        self.background.append(asyncio.create_task(self._router_worker()))
+        if self.owns_node:
+            await self.node.start()
 
     def begin_shutdown(self) -> None:
         """Tell open SSE/WS/work streams to send their shutdown frame and end."""
@@ -289,27 +285,10 @@ class TopicsApp:
             self.shutting_down.set()
 
     async def shutdown(self) -> None:
+        """ASGI lifespan shutdown: streams end; the node stops when the app owns it."""
         self.begin_shutdown()
-        for task in self.background:
-            task.cancel()
-        for task in self.background:
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
-        self.background.clear()
-        self.routers.drain_all()
-        for hook in self.hooks_shutdown:
-            await hook(self)
-
-    async def _router_worker(self) -> None:
-        """Retry stalled router sources every 50 ms (publication schedules the rest)."""
-        while True:
-            await asyncio.sleep(0.05)
-            try:
-                self.routers.drain_dirty()
-            except Exception:  # pragma: no cover - logged, the worker keeps going
-                log.exception("router worker pass failed")
+        if self.owns_node:
+            await self.node.stop()
 
     # ------------------------------------------------------------ the ASGI call
 
@@ -424,12 +403,13 @@ class TopicsApp:
 
     def _check_ready(self, m: Match) -> None:
         """Data routes answer 503 until recovery has finished; probes always answer."""
-        if not self.ready and not m.probe:
+        node = self.node
+        if not node.ready and not m.probe:
             raise TopicsError(
                 503,
                 "not_ready",
                 "recovery in progress",
-                {"replay_progress": round(self.replay_progress, 4)},
+                {"replay_progress": round(node.replay_progress, 4)},
             )
 
     @staticmethod
@@ -448,19 +428,16 @@ class TopicsApp:
         only once the control frames it logged (config, deletes, routers, leases)
         are durable; another request's frames are not its business, and a read
         never waits for the log."""
-        journal = self.engine.journal
-        open_request = getattr(journal, "open_request", None)
-        token = open_request() if open_request is not None else None
+        node = self.node
+        token = node.open_request()
         try:
             resp = await route.handler(ctx)
             if resp is not None and resp.status < 300 and method != "GET" and not route.read:
-                pending = getattr(journal, "has_pending_controls", None)
-                if pending is not None and pending():
-                    await journal.barrier()  # type: ignore[attr-defined]
+                if node.has_pending_controls():
+                    await node.barrier()
             return resp
         finally:
-            if token is not None:
-                journal.close_request(token)  # type: ignore[attr-defined]
+            node.close_request(token)
 
     async def _ws_reject(self, send: Send, err: TopicsError) -> None:
         """Refuse a WebSocket upgrade with the HTTP error (websocket.http.response)."""
@@ -643,6 +620,9 @@ def _has_loop() -> bool:
         return False
 
 
-def build_app(config: ServerConfig, *, clock: Clock | None = None) -> TopicsApp:
-    """Construct the ASGI app for `config` (in-memory engine)."""
-    return TopicsApp(config, clock=clock)
+def build_app(config: ServerConfig | None = None, *, clock: Clock | None = None) -> TopicsApp:
+    """An app over a fresh memory-mode :class:`~topics.node.Node` of `config` (tests, embedding).
+
+    The app owns that node: the ASGI lifespan starts and stops it.
+    """
+    return TopicsApp(Node.memory(config, clock=clock), owns_node=True)

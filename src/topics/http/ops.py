@@ -33,19 +33,20 @@ CLASSES = ("ephemeral", "memory", "disk", "fsync")
 
 
 async def health(ctx: Ctx) -> Resp:
-    uptime = int((time.monotonic() - ctx.app.started) * 1000)
+    uptime = int((time.monotonic() - ctx.app.node.started) * 1000)
     body = {"status": "ok", "version": __version__, "uptime_ms": uptime}
     return Resp(200, orjson.dumps(body), [(b"content-type", b"application/json")])
 
 
 async def ready(ctx: Ctx) -> Resp:
     app = ctx.app
-    if not app.ready:
+    node = app.node
+    if not node.ready:
         raise TopicsError(
             503,
             "not_ready",
             "recovery in progress",
-            {"replay_progress": round(app.replay_progress, 4)},
+            {"replay_progress": round(node.replay_progress, 4)},
         )
     body: dict[str, Any] = {
         "status": "ready",
@@ -54,8 +55,7 @@ async def ready(ctx: Ctx) -> Resp:
     }
     # Reads go on while writes cannot be committed (a full disk, a failed fsync):
     # still 200, but the state says so (README "When the disk fills up").
-    degraded = getattr(app.engine.journal, "degraded", None)
-    why = degraded() if callable(degraded) else None
+    why = node.degraded()
     if why:
         body["status"] = "degraded"
         body["writable"] = False
@@ -116,9 +116,9 @@ def _gather(app: TopicsApp, principal: Principal | None = None) -> dict[str, Any
         "queue_leases_in_flight": leases,
         "sse_connections": sse,
         "watch_sessions": watches,
-        "ready": app.ready,
-        "replay_progress": app.replay_progress,
-        "uptime_ms": int((time.monotonic() - app.started) * 1000),
+        "ready": app.node.ready,
+        "replay_progress": app.node.replay_progress,
+        "uptime_ms": int((time.monotonic() - app.node.started) * 1000),
     }
 
 
@@ -150,9 +150,9 @@ def metrics_json(app: TopicsApp, principal: Principal | None = None) -> dict[str
         out[k] = g[k]
     if g["scoped"]:
         return out
-    wal = getattr(app.engine.journal, "metrics", None)
-    if callable(wal):
-        out["wal"] = wal()
+    wal = app.node.wal_metrics()
+    if wal is not None:
+        out["wal"] = wal
     st = storage_stats(app)
     if st is not None:
         out["storage"] = st
@@ -165,7 +165,7 @@ def storage_stats(app: TopicsApp) -> dict[str, Any] | None:
     `index_bytes` is what the per-topic slot arrays hold (capacity included),
     `chunk_bytes` the in-memory frames not yet copied into segments.
     """
-    storage = app.storage
+    storage = app.node.storage
     eng = app.engine
     index_bytes = sum(t.index.nbytes() for t in eng.topics.values())
     slots = sum(len(t.index) for t in eng.topics.values())
@@ -310,9 +310,7 @@ def render_prometheus(app: TopicsApp, principal: Principal | None = None) -> byt
     )
     if g["scoped"]:
         return ("\n".join(lines) + "\n").encode()
-    wal_lines = getattr(eng.journal, "prometheus_lines", None)
-    if callable(wal_lines):
-        lines.extend(wal_lines())
+    lines.extend(app.node.wal_prometheus_lines())
     st = storage_stats(app)
     if st is not None:
         metric(

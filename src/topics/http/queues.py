@@ -39,11 +39,8 @@ class _Cohort:
 
 
 def _cohorts(app: TopicsApp) -> dict[str, _Cohort]:
-    c: dict[str, _Cohort] | None = getattr(app, "_claim_cohorts", None)
-    if c is None:
-        c = {}
-        app._claim_cohorts = c  # type: ignore[attr-defined]
-    return c
+    cohorts: dict[str, _Cohort] = app.claim_cohorts
+    return cohorts
 
 
 async def claim_jobs(
@@ -142,12 +139,11 @@ async def claim(ctx: Ctx) -> Resp:
 async def ack(ctx: Ctx) -> Resp:
     name = ctx.params["topic"]
     body = ctx.app.queues.ack(name, ctx.body)
-    journal = ctx.engine.journal
-    pending = getattr(journal, "has_pending_controls", None)
-    if body.get("acked") and pending is not None and pending():
+    node = ctx.app.node
+    if body.get("acked") and node.has_pending_controls():
         # An fsync-class ack deletes its jobs when the Delete frame commits: wait
         # for it (500 if it failed), then report the counters after the delete.
-        await journal.barrier()
+        await node.barrier()
         body.update(ctx.app.queues.counters_now(name))
     extra: dict[str, Any] = {}
     fs = body.pop("_fsync_ms", 0.0) if isinstance(body, dict) else 0.0

@@ -3,8 +3,8 @@
 The rest of `topics.kafka` never imports engine modules: it calls
 :class:`KafkaBackend`. The engine pieces used here are the public ones:
 `Engine.get` / `require` / `put_topic` / `delete_topic` / `begin_write` /
-`prepare_read` / `begin_delete` / `topics` (names only) / `limits` /
-`journal.barrier` (when the journal has one), `WriteRequest`, `NewRecord`,
+`prepare_read` / `begin_delete` / `topics` (names only) / `limits`, the
+node's commit log (`Node.barrier`, `Node.open_request`), `WriteRequest`, `NewRecord`,
 `valid_topic_name`, `parse_topic_config`, and on a topic `head_seq`,
 `earliest_seq`, `evict_floor`, `live_count`, `topic_id`,
 `config.durability`, `read(..., fields=True)` (the read pipeline returning
@@ -26,6 +26,7 @@ from topics.engine.core import Engine, WriteRequest
 from topics.engine.names import valid_topic_name
 from topics.engine.records import NewRecord
 from topics.errors import TopicsError
+from topics.node import Node
 
 __all__ = ["KafkaBackend", "BackendError", "Partition", "Stored", "Staged"]
 
@@ -100,12 +101,13 @@ class Staged:
 
 
 class KafkaBackend:
-    """The Kafka listener's view of one :class:`~topics.engine.core.Engine`."""
+    """The Kafka listener's view of the :class:`~topics.engine.core.Engine` of one node."""
 
-    def __init__(self, engine: Engine, hidden: frozenset[str] = frozenset()) -> None:
-        self.engine = engine
+    def __init__(self, node: Node, hidden: frozenset[str] = frozenset()) -> None:
+        self.node = node
+        self.engine: Engine = node.engine
         self.hidden = hidden
-        lim = engine.limits
+        lim = self.engine.limits
         self.max_batch_records = lim.max_batch_records
         self.max_tag_bytes = lim.max_tag_bytes
         self.max_meta_bytes = lim.max_meta_bytes
@@ -130,12 +132,10 @@ class KafkaBackend:
         return Partition(t.topic_id, t.head_seq, t.earliest_seq, t.evict_floor, t.config.durability)
 
     async def _barrier(self) -> None:
-        barrier = getattr(self.engine.journal, "barrier", None)
-        if barrier is not None:
-            try:
-                await barrier()
-            except TopicsError as exc:
-                raise _wrap(exc) from None
+        try:
+            await self.node.barrier()
+        except TopicsError as exc:
+            raise _wrap(exc) from None
 
     async def create(self, name: str, config: dict[str, Any]) -> bool:
         """Create `name` with a `/v0` config body (docs/API.md, "5. The topic config object"); False if it exists.

@@ -21,7 +21,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from topics.auth import Principal
+from topics.auth import Authenticator, Principal
 from topics.config import SCOPE_READ
 from topics.kafka import errors as E
 from topics.kafka import protocol as P
@@ -85,14 +85,13 @@ class Broker:
         backend: KafkaBackend,
         *,
         advertised: tuple[str, int],
-        auth_enabled: bool,
-        authenticate: Any,
+        auth: Authenticator,
         now_ms: int,
     ) -> None:
         self.backend = backend
         self.advertised = advertised
-        self.auth_enabled = auth_enabled
-        self.authenticate = authenticate
+        self.auth = auth
+        self.auth_enabled = auth.enabled
         self.groups = Coordinator()
         self.offsets = OffsetStore(backend)
         self.pids = ProducerIds(now_ms)
@@ -134,7 +133,7 @@ class Broker:
             return "malformed PLAIN token"
         if not self.auth_enabled:
             return None
-        principal = self.authenticate(secret)
+        principal = self.auth.authenticate(secret)
         if principal is None:
             log.info("kafka: SASL/PLAIN rejected for user %r from %s", user, conn.peer)
             return "bad credentials"
@@ -216,9 +215,8 @@ class Broker:
         """Run a handler in its own journal request scope (it waits for the log frames
         it wrote, never another request's: docs/ARCHITECTURE.md, "The write path");
         an unexpected failure closes only this connection."""
-        journal = self.backend.engine.journal
-        open_request = getattr(journal, "open_request", None)
-        token = open_request() if open_request is not None else None
+        node = self.backend.node
+        token = node.open_request()
         try:
             return await coro
         except asyncio.CancelledError:
@@ -227,5 +225,4 @@ class Broker:
             log.exception("kafka: %s handler failed for %s", P.API_NAMES[key], conn.peer)
             raise
         finally:
-            if token is not None:
-                journal.close_request(token)
+            node.close_request(token)

@@ -34,14 +34,12 @@ from collections import deque
 from collections.abc import Awaitable
 from typing import Any
 
-from topics.auth import DEV_PRINCIPAL, Authenticator
-from topics.clock import Clock, SystemClock
-from topics.config import ServerConfig
-from topics.engine.core import Engine
+from topics.auth import DEV_PRINCIPAL
 from topics.kafka import protocol as P
 from topics.kafka.backend import KafkaBackend
 from topics.kafka.broker import CLOSE, Broker, ConnState
 from topics.kafka.offsets import internal_topics
+from topics.node import Node
 
 __all__ = ["KafkaServer", "start_kafka"]
 
@@ -85,18 +83,19 @@ class Faults:
 
 
 class KafkaServer:
-    """The listener plus the broker state behind it (groups, offsets, producers)."""
+    """The listener plus the broker state behind it (groups, offsets, producers).
 
-    def __init__(
-        self,
-        engine: Engine,
-        cfg: ServerConfig,
-        *,
-        clock: Clock | None = None,
-    ) -> None:
+    Serves the engine of `node` with the node's configuration (the
+    `TOPICS_KAFKA_*` settings), clock and authenticator (docs/ARCHITECTURE.md,
+    "Layers": shells receive a Node).
+    """
+
+    def __init__(self, node: Node) -> None:
+        cfg = node.config
+        self.node = node
         self.cfg = cfg
-        self.backend = KafkaBackend(engine, hidden=internal_topics())
-        auth = Authenticator(cfg.api_keys)
+        self.backend = KafkaBackend(node, hidden=internal_topics())
+        auth = node.auth
         self.auth_enabled = auth.enabled
         # Never below the pre-auth cap: the handshake has to fit after login too.
         self.max_frame = max(cfg.kafka_max_frame_bytes, PRE_AUTH_MAX_FRAME)
@@ -105,9 +104,8 @@ class KafkaServer:
         self.broker = Broker(
             self.backend,
             advertised=("127.0.0.1", 0),
-            auth_enabled=auth.enabled,
-            authenticate=auth.authenticate,
-            now_ms=(clock or SystemClock()).now_ms(),
+            auth=auth,
+            now_ms=node.clock.now_ms(),
         )
         self.faults = Faults()
         self.host = ""
@@ -340,8 +338,11 @@ def _advertised(spec: str | None, bind_host: str, port: int) -> tuple[str, int]:
     return bind_host, port
 
 
-async def start_kafka(engine: Engine, cfg: ServerConfig, host: str, port: int) -> KafkaServer:
-    """Build and start a listener for `engine` (call after WAL recovery)."""
-    srv = KafkaServer(engine, cfg)
+async def start_kafka(node: Node, host: str, port: int) -> KafkaServer:
+    """Build and start a listener on `host:port` for `node` (call after :meth:`Node.start`).
+
+    Raises OSError when the address cannot be bound.
+    """
+    srv = KafkaServer(node)
     await srv.start(host, port)
     return srv

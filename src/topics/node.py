@@ -1,0 +1,311 @@
+"""The composition root: one topics node built from a :class:`~topics.config.ServerConfig`.
+
+A :class:`Node` owns everything the shells share (docs/ARCHITECTURE.md,
+"Layers"): the clock, the engine with its routers, queues and watch registry,
+the authenticator, durable storage (recovered through
+:meth:`topics.storage.runtime.Storage.open`) or none at all (memory mode), and
+the background work. Shells (the HTTP app, the Kafka listener) receive a Node;
+they never build these parts themselves.
+
+Background work owned here:
+
+* router forwarding driven by publication: a record published by any shell
+  schedules its routers' forwarding on the loop (`RouterSet.schedule`), off the
+  writer's acknowledgment path (docs/ARCHITECTURE.md, "The write path");
+* the stalled-source retry pass: every :data:`ROUTER_RETRY_S` seconds the
+  sources that could not move (a full `discard:"reject"` dest) are retried;
+* periodic checkpoints (durable mode; the storage's checkpointer).
+
+Retention, lease expiry and idle watch-session GC are applied by the engine
+when a topic, queue or session is next touched; they need no timer.
+
+Lifecycle: ``Node(config)`` builds the parts (nothing is touched on disk);
+:meth:`Node.lock` takes the data directory's lock (durable mode);
+``await start()`` recovers the data directory and starts the background work;
+``await stop()`` is the graceful end (routers drained, the final checkpoint,
+the lock released); ``await abort()`` stops without writing anything more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from topics.auth import Authenticator
+from topics.clock import Clock, SystemClock
+from topics.config import ServerConfig
+from topics.engine.core import Engine
+from topics.engine.queues import Queues
+from topics.engine.routers import RouterSet
+from topics.engine.watch import WatchRegistry
+
+if TYPE_CHECKING:
+    from topics.storage.fs import Fs
+    from topics.storage.journal import WalJournal
+    from topics.storage.lock import DataDirLock
+    from topics.storage.recovery import RecoveryReport
+    from topics.storage.runtime import Storage, StorageConfig
+
+__all__ = ["Node", "ROUTER_RETRY_S", "storage_config"]
+
+log = logging.getLogger("topics")
+
+#: Seconds between two retries of the router sources that could not move.
+ROUTER_RETRY_S = 0.05
+
+
+def storage_config(cfg: ServerConfig) -> StorageConfig:
+    """The durable-storage settings of `cfg` (README.md "Configuration").
+
+    Checkpoint triggers are checked every 5 s, or 4 times per checkpoint
+    interval when that is shorter (at least every 20 ms).
+    """
+    from topics.storage.checkpoint import CheckpointConfig
+    from topics.storage.runtime import StorageConfig
+
+    return StorageConfig(
+        cfg.data_dir,
+        cfg.wal_shards,
+        CheckpointConfig(
+            segment_max_events=cfg.segment_max_events,
+            segment_max_bytes=cfg.segment_max_bytes,
+            segment_max_age_ms=cfg.segment_max_age_ms,
+            interval_ms=cfg.checkpoint_interval_ms,
+            wal_bytes=cfg.checkpoint_wal_bytes,
+            check_s=min(5.0, max(0.02, cfg.checkpoint_interval_ms / 4000))
+            if cfg.checkpoint_interval_ms
+            else 5.0,
+        ),
+        {"file_bytes": cfg.wal_file_bytes},
+        cold_dir=cfg.cold_dir,
+    )
+
+
+class Node:
+    """One server instance: the engine and its parts, storage, background work.
+
+    Attributes the shells use: `config`, `clock`, `engine`, `routers`, `queues`,
+    `watches`, `auth` (the :class:`~topics.auth.Authenticator` of
+    `config.api_keys`), `storage` (the open
+    :class:`~topics.storage.runtime.Storage`, None in memory mode or before
+    :meth:`start`), `wal` (the WAL journal the engine commits through, None in
+    memory mode), `ready` (False while recovery runs: data routes answer 503),
+    `replay_progress` (0.0-1.0) and `started` (``time.monotonic()`` at
+    construction, s).
+
+    `durable` False is memory mode: nothing is read or written on disk and
+    the node is ready at once. `fs` is the filesystem durable storage goes
+    through (a :class:`~topics.storage.fs.RealFs` by default);
+    `router_retry_s` the period of the stalled-source retry pass (s).
+    """
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        *,
+        clock: Clock | None = None,
+        durable: bool = False,
+        fs: Fs | None = None,
+        router_retry_s: float = ROUTER_RETRY_S,
+    ) -> None:
+        self.config = config
+        self.clock: Clock = clock or SystemClock()
+        self.durable = durable
+        if durable and fs is None:
+            from topics.storage.fs import RealFs
+
+            fs = RealFs()
+        self.fs = fs
+        self.engine = Engine(clock=self.clock, limits=config.limits, fs=fs)
+        self.routers = RouterSet(self.engine)
+        self.queues = Queues(self.engine)
+        self.watches = WatchRegistry(self.engine)
+        self.auth = Authenticator(config.api_keys)
+        self.storage: Storage | None = None
+        self.wal: WalJournal | None = None
+        self.ready = not durable
+        self.replay_progress = 0.0 if durable else 1.0
+        self.started = time.monotonic()
+        self.router_retry_s = router_retry_s
+        self._lock: DataDirLock | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.running = False
+
+    @classmethod
+    def memory(cls, config: ServerConfig | None = None, *, clock: Clock | None = None) -> Node:
+        """A memory-mode node (nothing on disk), ready at once; `config` defaults to ServerConfig()."""
+        return cls(config or ServerConfig(), clock=clock)
+
+    # ------------------------------------------------------------ lifecycle
+
+    def lock(self) -> None:
+        """Take the data directory's lock, creating the directory (durable mode only).
+
+        Raises :class:`~topics.storage.lock.DataDirError` when the directory is
+        unusable or :class:`~topics.storage.lock.DataDirLocked` when another
+        process holds it (README.md "Durability and the data directory").
+        """
+        if not self.durable or self._lock is not None:
+            return
+        from topics.storage.lock import DataDirLock
+
+        self._lock = DataDirLock(self.config.data_dir)
+
+    async def start(self) -> None:
+        """Recover the data directory (durable mode), then start the background work.
+
+        Durable mode takes the lock first when :meth:`lock` was not called,
+        replays the data directory while `replay_progress` moves from 0 to 1,
+        installs the WAL journal and starts periodic checkpoints; `ready` is
+        left to the caller (``topics serve`` sets it once every listener is
+        up). Raises what :meth:`lock` and `Storage.open` raise (DataDirError,
+        OSError, CheckpointFailed...); call :meth:`abort` then.
+        """
+        if self.running:
+            return
+        if self.durable:
+            self.lock()
+            from topics.storage.runtime import Storage
+
+            assert self.fs is not None
+            storage = await Storage.open(
+                self.engine, self.fs, storage_config(self.config), progress=self._on_progress
+            )
+            self.storage = storage
+            self.wal = storage.journal
+            self.replay_progress = 1.0
+            _log_recovery(storage.report)
+            storage.start()
+        loop = asyncio.get_running_loop()
+        # Publication schedules forwarding (whichever shell wrote); the periodic
+        # pass only retries sources that could not move.
+        self.routers.schedule = loop.call_soon
+        self._tasks.append(loop.create_task(self._router_retry()))
+        self.running = True
+
+    async def stop(self) -> None:
+        """Graceful stop: background work ends, routers drain, storage closes, lock released.
+
+        Durable mode runs a final checkpoint with exact heads (a failing one is
+        logged; the WAL keeps everything). Call it after the shells stopped
+        taking requests. Idempotent.
+        """
+        await self._stop_background()
+        self.routers.drain_all()
+        if self.storage is not None:
+            await self.storage.close()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    async def abort(self, *, discard: bool = False) -> None:
+        """Stop without writing anything more (a failed start, a simulated crash).
+
+        With `discard` the lock is discarded: what this start added to the data
+        directory (recovery's files, the lock file, directories it created) is
+        removed again, so a failed ``topics serve`` leaves nothing behind.
+        Otherwise the lock is released.
+        """
+        await self._stop_background()
+        if self.storage is not None:
+            await self.storage.abort()
+        if self._lock is not None:
+            if discard:
+                self._lock.discard()
+            else:
+                self._lock.release()
+            self._lock = None
+
+    async def _stop_background(self) -> None:
+        self.running = False
+        self.routers.schedule = None
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+
+    def _on_progress(self, fraction: float) -> None:
+        self.replay_progress = fraction
+
+    async def _router_retry(self) -> None:
+        """Retry stalled router sources every `router_retry_s` (publication schedules the rest)."""
+        while True:
+            await asyncio.sleep(self.router_retry_s)
+            try:
+                self.routers.drain_dirty()
+            except Exception:  # pragma: no cover - logged, the pass keeps going
+                log.exception("router retry pass failed")
+
+    # ------------------------------------------------- the commit log, per request
+
+    def open_request(self) -> Any:
+        """Start a request's scope on the WAL journal; the token for :meth:`close_request`.
+
+        Control frames a request logs inside its scope are the ones
+        :meth:`barrier` waits for (docs/ARCHITECTURE.md, "The write path").
+        None in memory mode.
+        """
+        wal = self.wal
+        return wal.open_request() if wal is not None else None
+
+    def close_request(self, token: Any) -> None:
+        """End the scope :meth:`open_request` returned `token` for (None: nothing to end)."""
+        if token is not None and self.wal is not None:
+            self.wal.close_request(token)
+
+    def has_pending_controls(self) -> bool:
+        """True while control frames of this request are not yet committed (False in memory mode)."""
+        wal = self.wal
+        return wal is not None and wal.has_pending_controls()
+
+    async def barrier(self) -> None:
+        """Wait until the control frames this request logged are durable (no-op in memory mode).
+
+        Raises TopicsError `500 internal` when one of them could not be logged.
+        """
+        wal = self.wal
+        if wal is not None:
+            await wal.barrier()
+
+    # ------------------------------------------------------------ state for probes
+
+    def degraded(self) -> dict[str, list[str]] | None:
+        """Why writes cannot be committed, or None (always None in memory mode).
+
+        `{"disk_full": [shard dirs], "read_only": [shard dirs]}` with the empty
+        lists left out (README.md "When the disk fills up").
+        """
+        wal = self.wal
+        return wal.degraded() if wal is not None else None
+
+    def wal_metrics(self) -> dict[str, Any] | None:
+        """The `wal` object of the JSON metrics (docs/API.md, "15.3 `GET /v0/metrics`"); None in memory mode."""
+        wal = self.wal
+        return wal.metrics() if wal is not None else None
+
+    def wal_prometheus_lines(self) -> list[str]:
+        """The WAL series in Prometheus text form (docs/API.md, "15.3 `GET /v0/metrics`"); empty in memory mode."""
+        wal = self.wal
+        return wal.prometheus_lines() if wal is not None else []
+
+
+def _log_recovery(report: RecoveryReport) -> None:
+    log.info(
+        "recovered %d topics: snapshot %d, %d records from %d segment files, "
+        "%d records from %d WAL frames in %d shard(s), in %.3f s%s",
+        report.topics,
+        report.snapshot,
+        report.segment_records,
+        report.segments,
+        report.records,
+        report.frames,
+        report.shards,
+        report.seconds,
+        f"; torn tails truncated: {report.torn}" if report.torn else "",
+    )
