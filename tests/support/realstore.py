@@ -2,9 +2,11 @@
 
 The counterpart of :mod:`tests.support.durable` for resource tests that need real
 file descriptors, real ``mmap`` and real page cache (a FakeDisk keeps every byte
-in the test's own memory, so it cannot show either). It wires what
-``topics.cli._serve`` wires (engine, routers, queues, recovery, WAL journal,
-checkpointer) on a private event loop that runs only while a call waits.
+in the test's own memory, so it cannot show either). It wires what a durable
+:class:`topics.node.Node` wires (engine, routers, queues, recovery, WAL journal,
+checkpointer) but not the node's data-directory lock or background work, on a
+private event loop that runs only while a call waits: the test decides when
+anything runs, and counts file descriptors without the lock's.
 
 Tests that must run under a lowered ``RLIMIT_NOFILE`` or measure RSS use it in a
 child process of their own (see ``tests/fault/test_resource_bounds.py``).
