@@ -153,51 +153,13 @@ def metrics_json(app: TopicsApp, principal: Principal | None = None) -> dict[str
     wal = app.node.wal_metrics()
     if wal is not None:
         out["wal"] = wal
-    st = storage_stats(app)
-    if st is not None:
-        out["storage"] = st
+    out["storage"] = storage_stats(app)
     return out
 
 
-def storage_stats(app: TopicsApp) -> dict[str, Any] | None:
-    """Index and checkpoint figures (ours, beyond the /v0 contract): bytes in ints, times in s.
-
-    `index_bytes` is what the per-topic slot arrays hold (capacity included),
-    `chunk_bytes` the in-memory frames not yet copied into segments.
-    """
-    storage = app.node.storage
-    eng = app.engine
-    index_bytes = sum(t.index.nbytes() for t in eng.topics.values())
-    slots = sum(len(t.index) for t in eng.topics.values())
-    out: dict[str, Any] = {"index_bytes": index_bytes, "index_slots": slots}
-    out["chunk_bytes"] = sum(t.chunk_bytes() for t in eng.topics.values())
-    if storage is None:
-        return out
-    ck = storage.checkpointer
-    out["segments"] = sum(len(st.segs) for st in list(ck.stores.values()))
-    out["checkpoints"] = ck.cycles
-    out["checkpoint_failures"] = ck.failures
-    last = ck.last
-    if last is not None:
-        out["last_checkpoint"] = {
-            "snapshot": last.snapshot,
-            "records": last.records,
-            "bytes": last.bytes,
-            "sealed": last.sealed,
-            "dropped": last.dropped,
-            "flips": last.flips,
-            "wal_files_pruned": last.wal_pruned,
-            "seconds": round(last.seconds, 4),
-        }
-    rep = storage.report
-    out["recovery"] = {
-        "snapshot": rep.snapshot,
-        "segment_records": rep.segment_records,
-        "wal_records": rep.records,
-        "wal_frames": rep.frames,
-        "seconds": round(rep.seconds, 4),
-    }
-    return out
+def storage_stats(app: TopicsApp) -> dict[str, Any]:
+    """Index and checkpoint figures of the app's node (:meth:`topics.node.Node.storage_stats`)."""
+    return app.node.storage_stats()
 
 
 def _esc(v: str) -> str:
@@ -312,7 +274,7 @@ def render_prometheus(app: TopicsApp, principal: Principal | None = None) -> byt
         return ("\n".join(lines) + "\n").encode()
     lines.extend(app.node.wal_prometheus_lines())
     st = storage_stats(app)
-    if st is not None:
+    if st:
         metric(
             "topics_index_bytes",
             "gauge",
