@@ -38,8 +38,8 @@ from typing import Any
 
 import orjson
 
+from tests.support.clock import TestClock
 from tests.support.fakedisk import FakeDisk, MonitorFs, _find_disk
-from topics.clock import TestClock
 from topics.engine.core import DiffParams, Engine, Replay
 from topics.engine.queues import Queues
 from topics.engine.routers import RouterSet
