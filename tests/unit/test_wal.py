@@ -237,8 +237,11 @@ class FailingSyncFs(RealFs):
 
     armed = False
 
-    def open(self, path: str, *, create: bool = False, write: bool = False) -> RealFile:
-        return _SyncFailFile(super().open(path, create=create, write=write), self)  # type: ignore[return-value]
+    def open(
+        self, path: str, *, create: bool = False, write: bool = False, exclusive: bool = False
+    ) -> RealFile:
+        f = super().open(path, create=create, write=write, exclusive=exclusive)
+        return _SyncFailFile(f, self)  # type: ignore[return-value]
 
 
 def test_fsync_failure_fails_the_batch_and_latches_read_only(tmp_path: Path) -> None:
@@ -278,8 +281,10 @@ class RecordingFs(RealFs):
     def __init__(self) -> None:
         self.calls: list[tuple[int, int, object]] = []
 
-    def open(self, path: str, *, create: bool = False, write: bool = False) -> RealFile:
-        f = super().open(path, create=create, write=write)
+    def open(
+        self, path: str, *, create: bool = False, write: bool = False, exclusive: bool = False
+    ) -> RealFile:
+        f = super().open(path, create=create, write=write, exclusive=exclusive)
         return _RecordingFile(f, self.calls)  # type: ignore[return-value]
 
 
