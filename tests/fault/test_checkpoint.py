@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import mmap
 import posixpath
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -137,7 +138,9 @@ def test_cap_eviction_drops_whole_sealed_segments_and_never_the_active_one() -> 
 def test_seal_by_age_uses_the_engine_clock() -> None:
     disk = FakeDisk()
     with Durable(disk, segment_max_events=1000) as h:
-        h.checkpoint_cfg = type(h.checkpoint_cfg)(segment_max_events=1000, segment_max_age_ms=5000)
+        h.checkpoint_cfg = replace(
+            h.checkpoint_cfg, segment_max_events=1000, segment_max_age_ms=5000
+        )
         h.open()
         assert h.put_topic("a", {"durability": "fsync"})
         assert h.write("a", make_records("x", 3)).ok

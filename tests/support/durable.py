@@ -257,7 +257,9 @@ class Durable:
             "full_retry_s": full_retry_s,
         }
         self.timeout_s = timeout_s
-        self.checkpoint_cfg = CheckpointConfig(segment_max_events=segment_max_events)
+        # One checkpoint I/O thread: the order of file operations (and so every
+        # crash point) stays deterministic.
+        self.checkpoint_cfg = CheckpointConfig(segment_max_events=segment_max_events, io_threads=1)
         self.cold_dir = cold_dir
         self.storage: Storage | None = None
         self.clock = clock or TestClock()

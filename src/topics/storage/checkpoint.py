@@ -20,7 +20,7 @@ One cycle (docs/FORMATS.md, "Checkpoints and WAL pruning"), all state changes on
    0xD5), sealing on the count and size triggers, fdatasync every touched file,
    remove deleted topics' directories, write `meta/snapshot.NNNN.bin`, then
    delete WAL files that no retained snapshot needs. Topics are written
-   independently, several at once on a real filesystem (`io_threads`); each
+   independently, several at once (`io_threads`); each
    topic's frames are converted and written `STEP_BYTES` at a time, so the
    cycle's extra memory is a few steps, not the bytes it moves. A topic's
    segment writer gives its descriptors back once its files are flushed.
@@ -51,7 +51,7 @@ from topics.engine.index import LOC_HOLE, SlotArray
 from topics.engine.topic import CHUNK_BASE, Topic
 from topics.errors import TopicsError
 from topics.format.frame import FrameBuf, encode_segment_record
-from topics.storage.fs import Fs, RealFs
+from topics.storage.fs import Fs
 from topics.storage.meta import capture_meta
 from topics.storage.segment import SegmentWriter, segment_blob, segment_paths
 from topics.storage.segstore import SegmentPart, Tier
@@ -101,11 +101,11 @@ class CheckpointConfig:
     interval_ms: int = 60_000
     wal_bytes: int = 67_108_864
     check_s: float = 5.0
-    #: Threads writing topics' segment files at once on a real filesystem (each
-    #: topic's files are written by one thread, in order; concurrent fdatasyncs
-    #: share journal commits, so a cycle over many small topics is several times
-    #: faster). Other Fs implementations (the test fakes) always get one thread,
-    #: which keeps the order of their file operations deterministic.
+    #: Threads writing topics' segment files at once (each topic's files are
+    #: written by one thread, in order; concurrent fdatasyncs share journal
+    #: commits, so a cycle over many small topics is several times faster).
+    #: `1` keeps the order of file operations deterministic (the crash tests'
+    #: in-memory disk sets it).
     io_threads: int = 8
 
 
@@ -559,13 +559,13 @@ class Checkpointer:
     ) -> list[tuple[_Result, CheckpointReport]]:
         """Each plan's segment files: its result and report counts, in plan order.
 
-        Topics are independent (own directory, store and writer), so on a real
-        filesystem batches of them run on up to `io_threads` threads; each topic
+        Topics are independent (own directory, store and writer), so batches
+        of them run on up to `io_threads` threads; each topic
         is written by one thread from start to end, and the memory a topic
         needs is bounded per step (`STEP_BYTES`), so the cycle's working set is
         at most about `io_threads` steps.
         """
-        threads = self.cfg.io_threads if isinstance(self.fs, RealFs) else 1
+        threads = self.cfg.io_threads
         if threads <= 1 or len(plans) < 2:
             return [self._one_topic_files(p, now) for p in plans]
         per = max(1, min(64, len(plans) // (threads * 4)))

@@ -34,10 +34,10 @@ Invariants:
   byte to :data:`~topics.engine.index.DELETED` (0xD5) in place; `.data` is never
   rewritten, so a deleted record's frame still verifies.
 
-All I/O goes through an injected :class:`~topics.storage.fs.Fs`. The one
-exception is the zero-copy read path of a *sealed* `.data` on a
-:class:`~topics.storage.fs.RealFs`, which may be `mmap`-ed; everything else
-(the active segment, any other `Fs`) uses `pread`.
+All I/O goes through an injected :class:`~topics.storage.fs.Fs`. A *sealed*
+`.data` is read zero-copy through a memory map when the `Fs` can map it
+(:meth:`topics.fs.File.map`); everything else (the active segment, an `Fs`
+that cannot map) uses `pread`.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ import numpy.typing as npt
 import xxhash
 
 from topics.format.idx import DELETED, IDX_ENTRY_DTYPE, IDX_ENTRY_SIZE
-from topics.storage.fs import File, Fs, RealFile, RealFs, write_all
+from topics.storage.fs import File, Fs, write_all
 
 __all__ = [
     "IDX_ENTRY_SIZE",
@@ -651,9 +651,9 @@ class SegmentWriter:
 class SegmentReader:
     """Reads one segment; `sealed=False` for the active one.
 
-    A sealed `.data` on a :class:`~topics.storage.fs.RealFs` is mapped once
-    (`use_mmap`) and each record is a slice; the active segment, or any other
-    `Fs`, uses `pread`.
+    A sealed `.data` is mapped once (`use_mmap`, when the `Fs` can map it) and
+    each record is a slice; the active segment, or an `Fs` that cannot map,
+    uses `pread`.
     Every frame returned has been verified (:func:`frame_problem`).
 
     Raises:
@@ -675,10 +675,13 @@ class SegmentReader:
         except BaseException:
             self._idx.close()
             raise
-        if sealed and use_mmap and isinstance(fs, RealFs) and isinstance(self._data, RealFile):
-            size = self._data.size()
-            if size > 0:
-                self._map = mmap.mmap(self._data.fd, size, access=mmap.ACCESS_READ)
+        if sealed and use_mmap:
+            try:
+                self._map = self._data.map()
+            except BaseException:
+                self._data.close()
+                self._idx.close()
+                raise
 
     @property
     def mmapped(self) -> bool:
