@@ -113,8 +113,9 @@ class Fs(Protocol):
     def rmtree(self, path: str) -> None:
         """Remove `path` and, when it is a directory, everything under it.
 
-        A symlink (even to a directory) is removed itself, never followed.
-        Raises OSError (FileNotFoundError when nothing is there).
+        A symlink (even to a directory) is removed itself, never followed. What
+        can be removed is, even when something cannot: then OSError is raised
+        (FileNotFoundError when nothing is there).
         """
         ...
 

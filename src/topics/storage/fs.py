@@ -113,10 +113,12 @@ class RealFs:
         os.rmdir(path)
 
     def rmtree(self, path: str) -> None:
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path)
-        else:
+        if not os.path.isdir(path) or os.path.islink(path):
             os.unlink(path)
+            return
+        shutil.rmtree(path, ignore_errors=True)  # as much as it can ...
+        if os.path.lexists(path):  # ... then say that something stayed
+            raise OSError(errno.ENOTEMPTY, "could not remove everything under", path)
 
     def listdir(self, path: str) -> list[str]:
         return sorted(os.listdir(path))
