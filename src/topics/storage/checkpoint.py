@@ -30,7 +30,9 @@ One cycle (docs/FORMATS.md, "Checkpoints and WAL pruning"), all state changes on
 A failure in step 3 writes no snapshot (the WAL keeps everything) and the
 affected topics resume their active segment from disk on the next cycle.
 Cycles run every `interval_ms` when anything changed, after `wal_bytes` of WAL
-growth, and at graceful shutdown (checked every `check_s` seconds).
+growth, and at graceful shutdown (checked every `check_s` seconds). Elapsed time
+is read from the engine's :class:`~topics.clock.Clock` (its monotonic reading),
+so a test clock decides when the interval has passed.
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ import logging
 import mmap
 import posixpath
 import struct
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -184,7 +185,7 @@ class Checkpointer:
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._last_bytes = journal.bytes_written()
-        self._last_mono = time.monotonic()
+        self._last_mono = self.engine.clock.monotonic()
         self.cycles = 0
         self.failures = 0
         self.last: CheckpointReport | None = None
@@ -239,7 +240,7 @@ class Checkpointer:
         grown = self.journal.bytes_written() - self._last_bytes
         if self.cfg.wal_bytes and grown >= self.cfg.wal_bytes:
             return True
-        elapsed_ms = (time.monotonic() - self._last_mono) * 1000
+        elapsed_ms = (self.engine.clock.monotonic() - self._last_mono) * 1000
         if self.cfg.interval_ms and elapsed_ms >= self.cfg.interval_ms:
             if grown > 0 or any(t.flip_seqs for t in self.engine.topics.values()):
                 return True
@@ -288,7 +289,7 @@ class Checkpointer:
         and, succeeded or not, ends by giving back every segment read handle.
         """
         async with self._lock:
-            t0 = time.perf_counter()
+            t0 = self.engine.clock.monotonic()
             try:
                 report = await self._cycle(final)
             except BaseException:
@@ -297,7 +298,7 @@ class Checkpointer:
             finally:
                 if final:
                     self._release_handles()
-            report.seconds = time.perf_counter() - t0
+            report.seconds = self.engine.clock.monotonic() - t0
             log.info(
                 "checkpoint: snapshot %d, %d records (%d bytes) into segments, %d sealed, "
                 "%d dropped, %d delete flags, %d WAL files pruned, %.3f s",
@@ -378,7 +379,7 @@ class Checkpointer:
         # 4. Re-point.
         failed = self._apply(results, report, snapshot_ok=snap_error is None)
         self._last_bytes = journal.bytes_written()
-        self._last_mono = time.monotonic()
+        self._last_mono = self.engine.clock.monotonic()
         if snap_error is not None:
             raise CheckpointFailed(f"snapshot write failed: {snap_error}")
         if failed is not None:
