@@ -4,8 +4,8 @@ Everything in `engine/` and `storage/` reads time through a :class:`Clock`, so
 tests can drive TTL expiry, lease deadlines, dedupe windows, auto-priority
 decay and the storage timers (checkpoint interval, WAL disk-full retries) with
 a manually driven clock instead of sleeping (docs/ARCHITECTURE.md, "Layers").
-Only this module calls the OS clocks (enforced by ruff banned-API rules in
-`pyproject.toml` and `src/topics/storage/ruff.toml`).
+Only this module calls the OS clocks there (enforced by ruff banned-API rules:
+`pyproject.toml`, and `ruff.toml` in `engine/` and `storage/`).
 """
 
 from __future__ import annotations
