@@ -58,7 +58,6 @@ from topics.format.frame import (
     LOST,
     SYNC_MARK,
     WAL_COLS_DTYPE,
-    End,
     Frame,
     FrameError,
     Torn,
@@ -305,10 +304,6 @@ class ShardScan:
     damage: list[Damage] = field(default_factory=list)
     torn_end: int = 0  # end of the torn bytes (the last non-zero byte + 1)
     mark: int = 0
-
-    @property
-    def frame_count(self) -> int:
-        return sum(len(f.cols) for f in self.files)
 
     @property
     def frames(self) -> list[tuple[str, Frame]]:
@@ -1240,17 +1235,6 @@ class WalShard:
 
     # ------------------------------------------------------------ inspection
 
-    def files(self) -> list[str]:
-        return _list_wal_files(self.fs, self.dir)
-
-    def prune(self, before: WalPosition) -> list[str]:
-        """Delete the files whose every frame precedes `before` (never the active file).
-
-        Called by the checkpointer once a snapshot that no longer needs them is
-        durable. Returns the names removed; raises OSError from the fs.
-        """
-        return prune_files(self.fs, self.dir, before, keep=self._file_name)
-
     @property
     def position(self) -> tuple[str, int, int]:
         """(active file, byte offset of the tail, next frame index)."""
@@ -1297,8 +1281,3 @@ def prune_files(fs: Fs, d: str, before: WalPosition, keep: str = "") -> list[str
     if gone:
         fs.fsync_dir(d)
     return gone
-
-
-def is_end(x: object) -> bool:
-    """True for the decoder's End marker (zeroed space / end of buffer)."""
-    return isinstance(x, End)
