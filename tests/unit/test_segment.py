@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import xxhash
+from tests.support.segreader import SegmentReader
 
 from topics.engine.index import DELETED, IDX_ENTRY_DTYPE
 from topics.storage.fs import RealFs
@@ -16,7 +17,6 @@ from topics.storage.segment import (
     SegmentCorrupt,
     SegmentError,
     SegmentRangeError,
-    SegmentReader,
     SegmentWriter,
     frame_problem,
     open_segments,
