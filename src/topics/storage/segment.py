@@ -41,7 +41,6 @@ and checked by fsck (:mod:`topics.storage.check`).
 
 from __future__ import annotations
 
-import logging
 import mmap
 import os
 import re
@@ -75,11 +74,9 @@ __all__ = [
     "topic_dir",
     "frame_problem",
     "scan_segments",
-    "open_segments",
     "segment_blob",
 ]
 
-log = logging.getLogger(__name__)
 
 #: Bytes per `.idx` entry (the fixed stride).
 #: Smallest byte range that can be a frame: `frame_len u32` + the trailing checksum.
@@ -202,19 +199,6 @@ def scan_segments(fs: Fs, directory: str) -> SegmentScan:
         else:
             strays.append(paths.data if "data" in kinds else paths.idx)
     return SegmentScan(segments, strays, sorted(temps))
-
-
-def open_segments(fs: Fs, directory: str) -> list[tuple[int, SegmentPaths]]:
-    """Complete segments of `directory`, ascending by first seq.
-
-    `.tmp` files are ignored; a stray half (`.data` without `.idx` or the
-    reverse) is not listed and is reported with a warning on this module's
-    logger (use :func:`scan_segments` to get them as data).
-    """
-    scan = scan_segments(fs, directory)
-    for path in scan.strays:
-        log.warning("stray segment half ignored: %s", path)
-    return scan.segments
 
 
 # -- frame check ---------------------------------------------------------------
