@@ -87,7 +87,7 @@ class File(Protocol):
 
 
 class Fs(Protocol):
-    """Filesystem operations used by storage."""
+    """Filesystem operations used by storage, the data-dir lock and the offline reader."""
 
     def open(
         self, path: str, *, create: bool = False, write: bool = False, exclusive: bool = False
@@ -104,7 +104,9 @@ class Fs(Protocol):
         """Atomically rename `src` over `dst` (durable only after :meth:`fsync_dir`)."""
         ...
 
-    def unlink(self, path: str) -> None: ...
+    def unlink(self, path: str) -> None:
+        """Remove a file name (durable only after :meth:`fsync_dir` of its directory)."""
+        ...
 
     def rmdir(self, path: str) -> None:
         """Remove an empty directory (durable only after :meth:`fsync_dir` of its parent)."""

@@ -153,6 +153,23 @@ def test_seal_by_age_uses_the_engine_clock() -> None:
         h.close()
 
 
+def test_the_interval_trigger_reads_the_engine_clock() -> None:
+    with Durable(FakeDisk()) as h:
+        h.open()
+        assert h.put_topic("a", {"durability": "fsync"})
+        assert h.write("a", make_records("x", 3)).ok
+        assert h.storage is not None
+        ck = h.storage.checkpointer
+        assert not ck.due()  # the WAL grew, but the interval has not passed
+        h.clock.advance(ck.cfg.interval_ms - 1)
+        assert not ck.due()
+        h.clock.advance(1)
+        assert ck.due()
+        h.checkpoint()
+        assert not ck.due()  # a cycle restarts the interval
+        h.close()
+
+
 def test_topic_delete_removes_its_directory_after_the_next_checkpoint() -> None:
     disk = FakeDisk()
     with Durable(disk) as h:
