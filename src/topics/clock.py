@@ -1,9 +1,11 @@
-"""Time seam for the engine.
+"""Time seam for the engine and storage.
 
 Everything in `engine/` and `storage/` reads time through a :class:`Clock`, so
-tests can drive TTL expiry, lease deadlines, dedupe windows and auto-priority
-decay with a :class:`TestClock` instead of sleeping. Only this module may call
-the wall clock (enforced by a ruff banned-API rule).
+tests can drive TTL expiry, lease deadlines, dedupe windows, auto-priority
+decay and the storage timers (checkpoint interval, WAL disk-full retries) with
+a manually driven clock instead of sleeping (docs/ARCHITECTURE.md, "Layers").
+Only this module calls the OS clocks there (enforced by ruff banned-API rules:
+`pyproject.toml`, and `ruff.toml` in `engine/` and `storage/`).
 """
 
 from __future__ import annotations
@@ -11,46 +13,30 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
-__all__ = ["Clock", "SystemClock", "TestClock"]
+__all__ = ["Clock", "SystemClock"]
 
 
 class Clock(Protocol):
-    """A source of wall-clock milliseconds since the Unix epoch."""
+    """Wall-clock milliseconds since the Unix epoch, and a monotonic reading."""
 
     def now_ms(self) -> int:
-        """Current time in integer ms since the epoch."""
+        """Current time in integer ms since the epoch (may step backwards)."""
+        ...
+
+    def monotonic(self) -> float:
+        """Seconds from an arbitrary origin that never go backwards.
+
+        For intervals and durations (timers, elapsed time in reports), never for
+        timestamps: only differences between two readings mean anything.
+        """
         ...
 
 
 class SystemClock:
-    """The real wall clock (`time.time()`), in integer milliseconds."""
+    """The real clocks: `time.time()` in integer ms, and `time.monotonic()` in seconds."""
 
     def now_ms(self) -> int:
         return int(time.time() * 1000)
 
-
-class TestClock:
-    """A manually driven clock for deterministic tests.
-
-    Starts at `start_ms` (default 1_767_225_600_000, 2026-01-01T00:00:00Z) and
-    only moves when :meth:`advance` or :meth:`set` is called.
-    """
-
-    __test__ = False  # not a pytest test class
-
-    def __init__(self, start_ms: int = 1_767_225_600_000) -> None:
-        self._now = start_ms
-
-    def now_ms(self) -> int:
-        return self._now
-
-    def advance(self, ms: int) -> int:
-        """Move time forward by `ms` (>= 0) and return the new time."""
-        if ms < 0:
-            raise ValueError("TestClock.advance takes a non-negative step")
-        self._now += ms
-        return self._now
-
-    def set(self, now_ms: int) -> None:
-        """Jump to an absolute time (may go backwards, to test clock steps)."""
-        self._now = now_ms
+    def monotonic(self) -> float:
+        return time.monotonic()

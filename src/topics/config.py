@@ -162,7 +162,6 @@ class ServerConfig:
     checkpoint_interval_ms: int = 60_000
     checkpoint_wal_bytes: int = 67_108_864
     limits: Limits = field(default_factory=Limits)
-    test_min_heartbeat_ms: int | None = None
     log_level: str = "info"
     # Kafka-wire listener (docs/KAFKA.md): port 0 turns it off; `kafka_advertised`
     # is the `host:port` returned in Metadata/FindCoordinator (default: the bound one).
@@ -318,10 +317,6 @@ def load_config(env: Mapping[str, str] | None = None) -> ServerConfig:
         max_watch_topics=_int(env, "TOPICS_MAX_WATCH_TOPICS", d.max_watch_topics, minimum=1),
         max_claim=_int(env, "TOPICS_MAX_CLAIM", d.max_claim, minimum=1),
     )
-    test_hb: int | None = None
-    if env.get("TOPICS_TEST_MIN_HEARTBEAT_MS", "").strip():
-        # A test hook: any integer is accepted and clamped to [1, 1000] ms.
-        test_hb = min(max(_int(env, "TOPICS_TEST_MIN_HEARTBEAT_MS", 0, minimum=None), 1), 1000)
     shards_default = max(1, min(os.cpu_count() or 1, 8))
     # `0` means "the default" here, as documented for TOPICS_WAL_SHARDS.
     shards = _int(env, "TOPICS_WAL_SHARDS", shards_default) or shards_default
@@ -345,7 +340,6 @@ def load_config(env: Mapping[str, str] | None = None) -> ServerConfig:
         checkpoint_interval_ms=_int(env, "TOPICS_CHECKPOINT_INTERVAL_MS", 60_000),
         checkpoint_wal_bytes=_int(env, "TOPICS_CHECKPOINT_WAL_BYTES", 67_108_864),
         limits=limits,
-        test_min_heartbeat_ms=test_hb,
         log_level=(env.get("TOPICS_LOG") or env.get("RUST_LOG") or "info").strip().lower(),
         kafka_port=kafka_port,
         kafka_advertised=env.get("TOPICS_KAFKA_ADVERTISED", "").strip() or None,

@@ -354,7 +354,7 @@ class _Out:
 
 def _quiet_broken_pipe() -> None:
     try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
+        devnull = os.open(os.devnull, os.O_WRONLY)  # noqa: TID251 (not data: stdout's sink)
         os.dup2(devnull, sys.stdout.fileno())
     except (OSError, ValueError, AttributeError):
         pass

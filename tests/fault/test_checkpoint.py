@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import mmap
 import posixpath
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -137,7 +138,9 @@ def test_cap_eviction_drops_whole_sealed_segments_and_never_the_active_one() -> 
 def test_seal_by_age_uses_the_engine_clock() -> None:
     disk = FakeDisk()
     with Durable(disk, segment_max_events=1000) as h:
-        h.checkpoint_cfg = type(h.checkpoint_cfg)(segment_max_events=1000, segment_max_age_ms=5000)
+        h.checkpoint_cfg = replace(
+            h.checkpoint_cfg, segment_max_events=1000, segment_max_age_ms=5000
+        )
         h.open()
         assert h.put_topic("a", {"durability": "fsync"})
         assert h.write("a", make_records("x", 3)).ok
@@ -147,6 +150,23 @@ def test_seal_by_age_uses_the_engine_clock() -> None:
         rep = h.checkpoint()
         assert rep.sealed == 1
         assert _segments(disk, h, "a") == [1, 4]
+        h.close()
+
+
+def test_the_interval_trigger_reads_the_engine_clock() -> None:
+    with Durable(FakeDisk()) as h:
+        h.open()
+        assert h.put_topic("a", {"durability": "fsync"})
+        assert h.write("a", make_records("x", 3)).ok
+        assert h.storage is not None
+        ck = h.storage.checkpointer
+        assert not ck.due()  # the WAL grew, but the interval has not passed
+        h.clock.advance(ck.cfg.interval_ms - 1)
+        assert not ck.due()
+        h.clock.advance(1)
+        assert ck.due()
+        h.checkpoint()
+        assert not ck.due()  # a cycle restarts the interval
         h.close()
 
 

@@ -19,9 +19,9 @@ from collections.abc import Callable
 
 import pytest
 
+from tests.support.clock import TestClock
 from tests.support.durable import DATA_DIR, Durable, make_records
 from tests.support.fakedisk import FakeDisk
-from topics.clock import TestClock
 from topics.engine.core import DiffParams
 from topics.storage.check import check
 from topics.storage.repair import apply_repair, plan_repair

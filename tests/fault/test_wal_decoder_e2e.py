@@ -22,9 +22,9 @@ from collections.abc import Callable
 
 import pytest
 
+from tests.support.clock import TestClock
 from tests.support.durable import DATA_DIR, Durable, check_oracle, make_records
 from tests.support.fakedisk import FakeDisk
-from topics.clock import TestClock
 from topics.engine.core import DiffParams
 from topics.format.frame import APPEND, Frame, encode_append
 from topics.storage.journal import shard_dirs

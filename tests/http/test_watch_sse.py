@@ -14,10 +14,17 @@ import orjson
 import pytest
 from tests.support.live import Sse, live_app
 
+from topics.engine import watch as watch_module
 from topics.http.app import TopicsApp
 from topics.http.watch import Waker
 
 Env = dict[str, str]
+
+
+@pytest.fixture
+def fast_heartbeats(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Let watches ask for heartbeats down to 50 ms (the served app runs in this process)."""
+    monkeypatch.setattr(watch_module, "HEARTBEAT_MIN_MS", 50)
 
 
 @contextlib.asynccontextmanager
@@ -159,9 +166,9 @@ def test_reconnect_resumes_and_last_event_id_rewinds() -> None:
 
 
 @pytest.mark.timeout(30)
-def test_heartbeat_when_idle() -> None:
+def test_heartbeat_when_idle(fast_heartbeats: None) -> None:
     async def body() -> None:
-        async with serve({"TOPICS_TEST_MIN_HEARTBEAT_MS": "50"}) as (_app, c):
+        async with serve() as (_app, c):
             await c.put("/v0/topics/a")
             w = await watch(c, {"topics": {"a": {}}, "heartbeat_ms": 100})
             loop = asyncio.get_running_loop()
@@ -413,9 +420,9 @@ async def _chunks(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
 
 
 @pytest.mark.timeout(30)
-def test_frames_of_one_pass_share_one_write() -> None:
+def test_frames_of_one_pass_share_one_write(fast_heartbeats: None) -> None:
     async def body() -> None:
-        async with serve({"TOPICS_TEST_MIN_HEARTBEAT_MS": "50"}) as (_app, c):
+        async with serve() as (_app, c):
             await c.put("/v0/topics/a")
             await c.put("/v0/topics/b")
             w = await watch(c, {"topics": {"a": {}, "b": {}}, "heartbeat_ms": 300})

@@ -23,9 +23,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.support.clock import TestClock
 from tests.support.durable import DATA_DIR, Durable
 from tests.support.fakedisk import FakeDisk
-from topics.clock import TestClock
 from topics.engine.core import DiffParams
 from topics.format.frame import APPEND, TOPIC_CREATE
 from topics.storage.journal import shard_dirs

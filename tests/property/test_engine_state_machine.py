@@ -31,8 +31,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from tests.support.clock import TestClock
 from tests.support.model import ModelError, MRead, TopicModel
-from topics.clock import TestClock
 from topics.engine import topic as topic_module
 from topics.engine.core import Engine
 from topics.errors import TopicsError

@@ -38,8 +38,8 @@ from typing import Any
 
 import orjson
 
+from tests.support.clock import TestClock
 from tests.support.fakedisk import FakeDisk, MonitorFs, _find_disk
-from topics.clock import TestClock
 from topics.engine.core import DiffParams, Engine, Replay
 from topics.engine.queues import Queues
 from topics.engine.routers import RouterSet
@@ -257,7 +257,9 @@ class Durable:
             "full_retry_s": full_retry_s,
         }
         self.timeout_s = timeout_s
-        self.checkpoint_cfg = CheckpointConfig(segment_max_events=segment_max_events)
+        # One checkpoint I/O thread: the order of file operations (and so every
+        # crash point) stays deterministic.
+        self.checkpoint_cfg = CheckpointConfig(segment_max_events=segment_max_events, io_threads=1)
         self.cold_dir = cold_dir
         self.storage: Storage | None = None
         self.clock = clock or TestClock()
@@ -813,9 +815,12 @@ class GateFs:
             if not self.gate.wait(TIMEOUT_S * 3):
                 raise OSError(5, "GateFs: never released")
 
-    def open(self, path: str, *, create: bool = False, write: bool = False) -> Any:
+    def open(
+        self, path: str, *, create: bool = False, write: bool = False, exclusive: bool = False
+    ) -> Any:
         self._maybe_block("open")
-        return _GateFile(self, self.inner.open(path, create=create, write=write))
+        inner = self.inner.open(path, create=create, write=write, exclusive=exclusive)
+        return _GateFile(self, inner)
 
     def replace(self, src: str, dst: str) -> None:
         self._maybe_block("replace")
@@ -829,14 +834,27 @@ class GateFs:
         self._maybe_block("unlink")
         self.inner.rmdir(path)
 
+    def rmtree(self, path: str) -> None:
+        self._maybe_block("unlink")
+        self.inner.rmtree(path)
+
     def listdir(self, path: str) -> list[str]:
         return self.inner.listdir(path)
+
+    def mkdir(self, path: str) -> None:
+        self.inner.mkdir(path)
 
     def makedirs(self, path: str) -> None:
         self.inner.makedirs(path)
 
     def exists(self, path: str) -> bool:
         return self.inner.exists(path)
+
+    def lexists(self, path: str) -> bool:
+        return bool(self.inner.lexists(path))
+
+    def isdir(self, path: str) -> bool:
+        return bool(self.inner.isdir(path))
 
     def fsync_dir(self, path: str) -> None:
         self._maybe_block("fsync_dir")
@@ -869,6 +887,15 @@ class _GateFile:
 
     def size(self) -> int:
         return int(self.inner.size())
+
+    def map(self) -> Any:
+        return self.inner.map()
+
+    def lock(self) -> bool:
+        return bool(self.inner.lock())
+
+    def unlock(self) -> None:
+        self.inner.unlock()
 
     def close(self) -> None:
         self.inner.close()

@@ -55,6 +55,7 @@ Simplifications, chosen on purpose and relied on by the unit tests:
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import posixpath
 import random
@@ -229,6 +230,9 @@ class FakeDisk:
         self._frozen = False
         self._epoch = 0
         self._armed: _Arm | None = None
+        # inode -> the handle holding its advisory lock (FakeFile.lock); a crash
+        # ends the process that held them.
+        self._locks: dict[int, FakeFile] = {}
 
     # ------------------------------------------------------------------ state
 
@@ -371,7 +375,9 @@ class FakeDisk:
 
     # ---------------------------------------------------------------- Fs API
 
-    def open(self, path: str, *, create: bool = False, write: bool = False) -> FakeFile:
+    def open(
+        self, path: str, *, create: bool = False, write: bool = False, exclusive: bool = False
+    ) -> FakeFile:
         p = _norm(path)
         with self._lock:
             self._check_power()
@@ -380,6 +386,8 @@ class FakeDisk:
             parent, name = posixpath.split(p)
             entries = self._dir(parent, p)
             ino = entries.get(name)
+            if ino is not None and create and exclusive:
+                raise _oserror(errno.EEXIST, p)
             if ino == _DIR:
                 raise _oserror(errno.EISDIR, p)
             if ino is None:
@@ -448,11 +456,35 @@ class FakeDisk:
             self._queue_dirop(parent, {name: None})
             self._count("rmdir", p)
 
+    def rmtree(self, path: str) -> None:
+        p = _norm(path)
+        with self._lock:
+            self._check_power()
+            parent, name = posixpath.split(p)
+            e = self._dir(parent, p).get(name)
+            if e is None:
+                raise _oserror(errno.ENOENT, p)
+            if e != _DIR:
+                self.unlink(p)
+                return
+            for child in sorted(self._live[p]):
+                self.rmtree(posixpath.join(p, child))
+            self.rmdir(p)
+
     def listdir(self, path: str) -> list[str]:
         p = _norm(path)
         with self._lock:
             self._check_power()
             return sorted(self._dir(p, p))
+
+    def mkdir(self, path: str) -> None:
+        p = _norm(path)
+        with self._lock:
+            self._check_power()
+            parent, name = posixpath.split(p)
+            if p == "/" or name in self._dir(parent, p):
+                raise _oserror(errno.EEXIST, p)
+        self.makedirs(p)
 
     def makedirs(self, path: str) -> None:
         p = _norm(path)
@@ -492,6 +524,15 @@ class FakeDisk:
                 return True
             parent, name = posixpath.split(p)
             return name in self._live.get(parent, {})
+
+    def lexists(self, path: str) -> bool:
+        return self.exists(path)  # no symlinks on a FakeDisk
+
+    def isdir(self, path: str) -> bool:
+        p = _norm(path)
+        with self._lock:
+            self._check_power()
+            return p in self._live
 
     def fsync_dir(self, path: str) -> None:
         p = _norm(path)
@@ -568,6 +609,7 @@ class FakeDisk:
         self._frozen = True
         self._epoch += 1
         self.crashes += 1
+        self._locks.clear()
 
     @staticmethod
     def _reachable(ns: dict[str, dict[str, int]]) -> set[str]:
@@ -695,8 +737,32 @@ class FakeFile:
         with self.disk._lock:
             return len(self._node().live)
 
+    def map(self) -> None:
+        """Never: an in-memory file has no descriptor to map (readers use pread)."""
+        return None
+
+    def lock(self) -> bool:
+        with self.disk._lock:
+            node = self._node()
+            holder = self.disk._locks.get(node.ino)
+            if holder is not None and holder is not self:
+                return False
+            parent, name = posixpath.split(self.path)
+            if self.disk._live.get(parent, {}).get(name) != node.ino:
+                raise _oserror(errno.ENOENT, self.path, "the path no longer names this file")
+            self.disk._locks[node.ino] = self
+            return True
+
+    def unlock(self) -> None:
+        with self.disk._lock:
+            if self.disk._locks.get(self.ino) is self:
+                del self.disk._locks[self.ino]
+
     def close(self) -> None:
-        """Idempotent; never raises (closing touches no device)."""
+        """Idempotent; never raises (closing touches no device). Releases a lock."""
+        with self.disk._lock:
+            if self.disk._locks.get(self.ino) is self:
+                del self.disk._locks[self.ino]
         self._closed = True
 
     def sync_failed(self, discard: bool) -> None:
@@ -841,9 +907,12 @@ class FaultFs:
             raise OSError(_ERRNO[rule.kind], f"injected {rule.kind} on {op}", path)
         return rule
 
-    def open(self, path: str, *, create: bool = False, write: bool = False) -> FaultFile:
+    def open(
+        self, path: str, *, create: bool = False, write: bool = False, exclusive: bool = False
+    ) -> FaultFile:
         self._check("open", path)
-        return FaultFile(self, self.inner.open(path, create=create, write=write), path)
+        inner = self.inner.open(path, create=create, write=write, exclusive=exclusive)
+        return FaultFile(self, inner, path)
 
     def replace(self, src: str, dst: str) -> None:
         self._check("replace", dst)
@@ -857,9 +926,17 @@ class FaultFs:
         self._check("unlink", path)
         self.inner.rmdir(path)
 
+    def rmtree(self, path: str) -> None:
+        self._check("unlink", path)
+        self.inner.rmtree(path)
+
     def listdir(self, path: str) -> list[str]:
         self._check("listdir", path)
         return self.inner.listdir(path)
+
+    def mkdir(self, path: str) -> None:
+        self._check("makedirs", path)
+        self.inner.mkdir(path)
 
     def makedirs(self, path: str) -> None:
         self._check("makedirs", path)
@@ -867,6 +944,12 @@ class FaultFs:
 
     def exists(self, path: str) -> bool:
         return self.inner.exists(path)
+
+    def lexists(self, path: str) -> bool:
+        return self.inner.lexists(path)
+
+    def isdir(self, path: str) -> bool:
+        return self.inner.isdir(path)
 
     def fsync_dir(self, path: str) -> None:
         self._check("fsync_dir", path)
@@ -915,6 +998,16 @@ class FaultFile:
 
     def size(self) -> int:
         return self.inner.size()
+
+    def map(self) -> None:
+        """Never: a mapped read would bypass the `pread` faults."""
+        return None
+
+    def lock(self) -> bool:
+        return self.inner.lock()
+
+    def unlock(self) -> None:
+        self.inner.unlock()
 
     def close(self) -> None:
         self.inner.close()
@@ -992,8 +1085,10 @@ class MonitorFs:
             w = self._files[p] = _Watch(p)
         return w
 
-    def open(self, path: str, *, create: bool = False, write: bool = False) -> MonitorFile:
-        f = self.inner.open(path, create=create, write=write)
+    def open(
+        self, path: str, *, create: bool = False, write: bool = False, exclusive: bool = False
+    ) -> MonitorFile:
+        f = self.inner.open(path, create=create, write=write, exclusive=exclusive)
         with self._lock:
             w = self._watch(self._n(path))
         return MonitorFile(self, f, w)
@@ -1034,14 +1129,30 @@ class MonitorFs:
     def rmdir(self, path: str) -> None:
         self.inner.rmdir(path)
 
+    def rmtree(self, path: str) -> None:
+        self.inner.rmtree(path)
+        with self._lock:
+            p = self._n(path)
+            for k in [k for k in self._files if k == p or k.startswith(p + "/")]:
+                del self._files[k]
+
     def listdir(self, path: str) -> list[str]:
         return self.inner.listdir(path)
+
+    def mkdir(self, path: str) -> None:
+        self.inner.mkdir(path)
 
     def makedirs(self, path: str) -> None:
         self.inner.makedirs(path)
 
     def exists(self, path: str) -> bool:
         return self.inner.exists(path)
+
+    def lexists(self, path: str) -> bool:
+        return self.inner.lexists(path)
+
+    def isdir(self, path: str) -> bool:
+        return self.inner.isdir(path)
 
     def fsync_dir(self, path: str) -> None:
         self.inner.fsync_dir(path)
@@ -1089,6 +1200,15 @@ class MonitorFile:
 
     def size(self) -> int:
         return self.inner.size()
+
+    def map(self) -> mmap.mmap | None:
+        return self.inner.map()  # reads are not watched
+
+    def lock(self) -> bool:
+        return self.inner.lock()
+
+    def unlock(self) -> None:
+        self.inner.unlock()
 
     def close(self) -> None:
         self.inner.close()

@@ -1,7 +1,7 @@
 """In-process harness: the real ASGI app driven through httpx's ASGITransport.
 
 Tests stay synchronous: each :class:`Harness` owns an event loop and runs every
-request to completion on it. Time is a :class:`~topics.clock.TestClock`, so TTL,
+request to completion on it. Time is a :class:`~tests.support.clock.TestClock`, so TTL,
 leases and dedupe windows move only when a test advances it.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from topics.clock import TestClock
+from tests.support.clock import TestClock
 from topics.config import load_config
 from topics.http.app import TopicsApp, build_app
 from topics.node import Node

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from tests.support.segreader import SegmentReader
 
 from topics.format.frame import (
     DELETE,
@@ -17,7 +18,7 @@ from topics.format.frame import (
 )
 from topics.storage.check import CORRUPT, INFO, WARNING, check
 from topics.storage.fs import RealFs
-from topics.storage.segment import SegmentReader, SegmentWriter, segment_paths, topic_dir
+from topics.storage.segment import SegmentWriter, segment_paths, topic_dir
 from topics.storage.snapshot import snapshot_name, write_snapshot
 from topics.storage.wal import ShardScan, WalEntry, WalShard, scan_shard
 

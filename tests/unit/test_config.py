@@ -11,15 +11,8 @@ def test_defaults_when_unset_or_blank() -> None:
     cfg = load_config({})
     assert (cfg.host, cfg.port, cfg.kafka_port) == ("127.0.0.1", 4000, 9092)
     assert cfg.segment_max_events == 10_000 and cfg.limits.max_topics == 100_000
-    assert cfg.test_min_heartbeat_ms is None
-    blank = load_config(
-        {"TOPICS_PORT": "  ", "TOPICS_MAX_TOPICS": "", "TOPICS_TEST_MIN_HEARTBEAT_MS": " "}
-    )
-    assert (blank.port, blank.limits.max_topics, blank.test_min_heartbeat_ms) == (
-        4000,
-        100_000,
-        None,
-    )
+    blank = load_config({"TOPICS_PORT": "  ", "TOPICS_MAX_TOPICS": ""})
+    assert (blank.port, blank.limits.max_topics) == (4000, 100_000)
 
 
 def test_numbers_are_trimmed_and_read() -> None:
@@ -99,13 +92,9 @@ def test_host_port_form() -> None:
     assert (cfg.host, cfg.port) == ("::1", 4000)
 
 
-def test_wal_shards_zero_means_default_and_heartbeat_is_clamped() -> None:
+def test_wal_shards_zero_means_default() -> None:
     default = load_config({}).wal_shards
     assert load_config({"TOPICS_WAL_SHARDS": "0"}).wal_shards == default >= 1
-    assert load_config({"TOPICS_TEST_MIN_HEARTBEAT_MS": "0"}).test_min_heartbeat_ms == 1
-    assert load_config({"TOPICS_TEST_MIN_HEARTBEAT_MS": "-9"}).test_min_heartbeat_ms == 1
-    assert load_config({"TOPICS_TEST_MIN_HEARTBEAT_MS": "50"}).test_min_heartbeat_ms == 50
-    assert load_config({"TOPICS_TEST_MIN_HEARTBEAT_MS": "5000"}).test_min_heartbeat_ms == 1000
 
 
 def test_parse_port_bounds() -> None:

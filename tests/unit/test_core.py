@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import orjson
 import pytest
+from tests.support.clock import TestClock
 
-from topics.clock import TestClock
 from topics.engine.core import Engine, Replay, WriteRequest
 from topics.engine.journal import MemoryJournal
 from topics.engine.records import NewRecord

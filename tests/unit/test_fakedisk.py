@@ -107,6 +107,35 @@ def test_missing_paths_raise_like_the_os() -> None:
     assert disk.listdir("/") == ["d", "e"] and disk.listdir("/d") == ["f"]
 
 
+def test_directories_exclusive_create_map_and_lock() -> None:
+    disk = FakeDisk()
+    disk.mkdir("/d")
+    with pytest.raises(FileExistsError):
+        disk.mkdir("/d")
+    with pytest.raises(FileNotFoundError):
+        disk.mkdir("/x/y")
+    disk.makedirs("/d/a/b")
+    put(disk, "/d/a/b/f", b"x")
+    assert disk.isdir("/d/a") and not disk.isdir("/d/a/b/f") and not disk.isdir("/zz")
+    assert disk.lexists("/d/a/b/f") and not disk.lexists("/zz")
+    a = disk.open("/d/lock", create=True, write=True, exclusive=True)
+    with pytest.raises(FileExistsError):
+        disk.open("/d/lock", create=True, write=True, exclusive=True)
+    assert a.map() is None  # no descriptor to map: readers use pread
+    b = disk.open("/d/lock", write=True)
+    assert a.lock() and not b.lock()
+    a.close()  # closing releases the lock
+    assert b.lock()
+    b.unlock()
+    disk.unlink("/d/lock")
+    with pytest.raises(FileNotFoundError):
+        b.lock()  # the name is gone: the lock would guard nothing
+    disk.rmtree("/d")
+    assert disk.listdir("/") == []
+    with pytest.raises(FileNotFoundError):
+        disk.rmtree("/d")
+
+
 def test_positional_io_holes_truncate_and_modes() -> None:
     disk = FakeDisk()
     f = disk.open("/f", create=True, write=True)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
 from pathlib import Path
 
 import pytest
+from tests.support.fakedisk import FakeDisk
 
-import topics.storage.lock as lock_mod
+from topics.storage.fs import RealFile, RealFs
 from topics.storage.lock import LOCK_NAME, DataDirError, DataDirLock, DataDirLocked
 
 
@@ -60,31 +60,64 @@ def test_locked_dir_failure_leaves_nothing_new(tmp_path: Path) -> None:
     holder.release()
 
 
-def test_a_lock_on_an_unlinked_file_is_not_kept(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+class _RaceFile:
+    """A RealFile whose first lock() lets a failed start discard the lock file first."""
+
+    def __init__(self, inner: RealFile, race: list[DataDirLock]) -> None:
+        self.inner = inner
+        self.race = race
+
+    def lock(self) -> bool:
+        if self.race:
+            self.race.pop().discard()  # the race: unlink + unlock between our open and lock
+        return self.inner.lock()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+class _RaceFs(RealFs):
+    def __init__(self, race: list[DataDirLock]) -> None:
+        self.race = race
+
+    def open(
+        self, path: str, *, create: bool = False, write: bool = False, exclusive: bool = False
+    ) -> RealFile:
+        f = super().open(path, create=create, write=write, exclusive=exclusive)
+        return _RaceFile(f, self.race)  # type: ignore[return-value]
+
+
+def test_a_lock_on_an_unlinked_file_is_not_kept(tmp_path: Path) -> None:
     # A failed start unlinks the lock file it created while still holding it. A
     # start that opened that file just before must not keep a lock on the dead
     # inode (a third start would then lock a new file: two owners).
-    failed = DataDirLock(str(tmp_path))
-    real_flock = fcntl.flock
-    calls: list[int] = []
-
-    def flock(fd: int, op: int) -> None:
-        if op & fcntl.LOCK_EX and not calls:
-            calls.append(fd)
-            failed.discard()  # the race: unlink + unlock between our open and flock
-        real_flock(fd, op)
-
-    monkeypatch.setattr(lock_mod.fcntl, "flock", flock)
-    second = DataDirLock(str(tmp_path))
-    assert calls, "the race was not triggered"
+    race = [DataDirLock(str(tmp_path))]
+    second = DataDirLock(str(tmp_path), fs=_RaceFs(race))
+    assert not race, "the race was not triggered"
     assert second.created_file  # it retried and created a fresh lock file
-    assert os.path.samestat(os.fstat(second.fd), os.stat(tmp_path / LOCK_NAME))
-    monkeypatch.undo()
+    assert second.file is not None
+    fd = second.file.inner.fd  # type: ignore[attr-defined]
+    assert os.path.samestat(os.fstat(fd), os.stat(tmp_path / LOCK_NAME))
     with pytest.raises(DataDirLocked):
         DataDirLock(str(tmp_path))
     second.release()
+
+
+def test_the_lock_runs_on_any_fs() -> None:
+    disk = FakeDisk()
+    lock = DataDirLock("/srv/data", fs=disk)
+    assert lock.created_dirs == ["/srv", "/srv/data"] and lock.created_file
+    with pytest.raises(DataDirLocked, match=rf"\(pid {os.getpid()}\)"):
+        DataDirLock("/srv/data", fs=disk)
+    disk.makedirs("/srv/data/wal/0")
+    lock.discard()
+    assert disk.listdir("/") == []
+    disk.makedirs("/f")
+    disk.open("/f/file", create=True, write=True).close()
+    with pytest.raises(DataDirError, match="exists and is not a directory"):
+        DataDirLock("/f/file", fs=disk)
+    with pytest.raises(DataDirError, match="/f/file is not a directory"):
+        DataDirLock("/f/file/sub", fs=disk)
 
 
 def test_unusable_paths_are_one_line_errors(tmp_path: Path) -> None:

@@ -7,8 +7,8 @@ from typing import Any
 
 import orjson
 import pytest
+from tests.support.clock import TestClock
 
-from topics.clock import TestClock
 from topics.config import Limits
 from topics.engine.core import Engine
 from topics.engine.journal import MemoryJournal

@@ -6,8 +6,8 @@ from typing import Any
 
 import orjson
 import pytest
+from tests.support.clock import TestClock
 
-from topics.clock import TestClock
 from topics.config import Limits
 from topics.engine.core import Engine, encode_cursor
 from topics.engine.routers import MAX_HOPS, PASS_MAX_SEQS, Router, RouterSet

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
 import xxhash
+from tests.support.segreader import SegmentReader
 
 from topics.engine.index import DELETED, IDX_ENTRY_DTYPE
 from topics.storage.fs import RealFs
@@ -16,10 +16,9 @@ from topics.storage.segment import (
     SegmentCorrupt,
     SegmentError,
     SegmentRangeError,
-    SegmentReader,
+    SegmentScan,
     SegmentWriter,
     frame_problem,
-    open_segments,
     scan_segments,
     segment_name,
     segment_paths,
@@ -118,7 +117,7 @@ def test_append_flush_seal_reopen_round_trip(tmp_path: Path) -> None:
     # same answers through pread
     with SegmentReader(fs, d, 101, use_mmap=False) as r:
         assert not r.mmapped and [r.read(s) for s in range(101, 107)] == fr
-    assert open_segments(fs, d) == [(101, segment_paths(d, 101))]
+    assert scan_segments(fs, d).segments == [(101, segment_paths(d, 101))]
 
 
 def test_idx_entry_is_pure_arithmetic(tmp_path: Path) -> None:
@@ -308,9 +307,7 @@ def test_resume_cuts_at_a_bad_frame_and_max_count(tmp_path: Path) -> None:
     w.close()
 
 
-def test_open_segments_sorted_ignores_tmp_reports_strays(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_scan_segments_sorted_ignores_tmp_reports_strays(tmp_path: Path) -> None:
     fs, d = RealFs(), str(tmp_path)
     for first in (21, 1, 11):
         write_segment(d, first, 2)
@@ -319,15 +316,13 @@ def test_open_segments_sorted_ignores_tmp_reports_strays(
     (tmp_path / "seg-0000000000000051.data.tmp").write_bytes(b"x")
     (tmp_path / "seg-0000000000000051.idx.tmp").write_bytes(b"x")
     (tmp_path / "notes.txt").write_bytes(b"x")
-    with caplog.at_level(logging.WARNING, logger="topics.storage.segment"):
-        segs = open_segments(fs, d)
+    scan = scan_segments(fs, d)
+    segs = scan.segments
     assert [s for s, _ in segs] == [1, 11, 21]
     assert segs[1][1] == segment_paths(d, 11)
-    assert "seg-0000000000000031.data" in caplog.text and "seg-0000000000000041.idx" in caplog.text
-    scan = scan_segments(fs, d)
     assert [p.rsplit("/", 1)[1] for p in scan.strays] == [
         "seg-0000000000000031.data",
         "seg-0000000000000041.idx",
     ]
     assert len(scan.temps) == 2
-    assert open_segments(fs, str(tmp_path / "missing")) == []
+    assert scan_segments(fs, str(tmp_path / "missing")) == SegmentScan([], [], [])

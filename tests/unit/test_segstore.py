@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 import xxhash
+from tests.support.segreader import SegmentReader
 
 from topics.storage.fs import RealFs
-from topics.storage.segment import SegmentRangeError, SegmentReader, SegmentWriter, segment_paths
+from topics.storage.segment import SegmentRangeError, SegmentWriter, segment_paths
 from topics.storage.segstore import (
     LocalSegmentStore,
     SegmentPart,

@@ -165,8 +165,10 @@ class FailingFs(RealFs):
     def __init__(self, fail: str) -> None:
         self.fail = fail
 
-    def open(self, path: str, *, create: bool = False, write: bool = False) -> RealFile:
-        f = super().open(path, create=create, write=write)
+    def open(
+        self, path: str, *, create: bool = False, write: bool = False, exclusive: bool = False
+    ) -> RealFile:
+        f = super().open(path, create=create, write=write, exclusive=exclusive)
         if self.fail == "fdatasync" and write:
             return NoSyncFile(f.fd, f.path)
         return f

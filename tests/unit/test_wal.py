@@ -5,9 +5,12 @@ from __future__ import annotations
 import errno
 import mmap
 import threading
+import time
 from pathlib import Path
 
 import pytest
+from tests.support.clock import TestClock
+from tests.support.fakedisk import FaultFs
 
 from topics.format.frame import APPEND, Frame, encode_append
 from topics.storage.fs import Data, RealFile, RealFs
@@ -237,8 +240,11 @@ class FailingSyncFs(RealFs):
 
     armed = False
 
-    def open(self, path: str, *, create: bool = False, write: bool = False) -> RealFile:
-        return _SyncFailFile(super().open(path, create=create, write=write), self)  # type: ignore[return-value]
+    def open(
+        self, path: str, *, create: bool = False, write: bool = False, exclusive: bool = False
+    ) -> RealFile:
+        f = super().open(path, create=create, write=write, exclusive=exclusive)
+        return _SyncFailFile(f, self)  # type: ignore[return-value]
 
 
 def test_fsync_failure_fails_the_batch_and_latches_read_only(tmp_path: Path) -> None:
@@ -278,8 +284,10 @@ class RecordingFs(RealFs):
     def __init__(self) -> None:
         self.calls: list[tuple[int, int, object]] = []
 
-    def open(self, path: str, *, create: bool = False, write: bool = False) -> RealFile:
-        f = super().open(path, create=create, write=write)
+    def open(
+        self, path: str, *, create: bool = False, write: bool = False, exclusive: bool = False
+    ) -> RealFile:
+        f = super().open(path, create=create, write=write, exclusive=exclusive)
         return _RecordingFile(f, self.calls)  # type: ignore[return-value]
 
 
@@ -312,3 +320,27 @@ def test_entry_parts_are_written_back_to_back_and_a_large_part_is_not_copied(
     shard.close()
     assert [f.seq for _, f in scan_shard(RealFs(), d).frames] == [1, 9, 2, 3]
     assert shard.metrics.bytes_written >= e1.size + e2.size
+
+
+def test_disk_full_retries_follow_the_shard_clock(tmp_path: Path) -> None:
+    # The writer reads the retry time from the shard's clock: with a test clock,
+    # an entry held by a full disk is retried only once that clock has moved on.
+    clock = TestClock()
+    fault = FaultFs(RealFs())
+    shard, _ = WalShard.open(
+        fault, str(tmp_path / "w"), file_bytes=FILE, full_retry_s=0.01, clock=clock
+    )
+    rule = fault.fail("pwrite", 1, "ENOSPC", persistent=True)
+    w = Waiter()
+    shard.submit(WalEntry(rec(1), 1, sync=False, done=w.cb, acked_early=True))
+    for _ in range(500):
+        if shard.disk_full:
+            break
+        time.sleep(0.01)
+    assert shard.disk_full and shard.disk_full_since == 0.0
+    fault.rules.remove(rule)  # space is back
+    time.sleep(0.1)  # ten real retry periods go by ...
+    assert not w.done and shard.disk_full  # ... but not on the shard's clock
+    clock.advance(10)
+    assert w.wait(1)[0][1] and not shard.disk_full
+    shard.close()

@@ -10,9 +10,10 @@ from typing import Any
 
 import orjson
 import pytest
+from tests.support.clock import TestClock
 
-from topics.clock import TestClock
 from topics.config import Limits
+from topics.engine import watch as watch_module
 from topics.engine.core import Engine
 from topics.engine.watch import (
     SESSION_TTL_MS,
@@ -126,12 +127,17 @@ def test_create_options_are_normalised() -> None:
     assert s.opts == ReadOpts(["n1", "n2"], 1000, 1048576, False, True, False)
     assert s.heartbeat_ms == 10
     assert clamp_heartbeat(s.heartbeat_ms) == 1000
-    assert clamp_heartbeat(s.heartbeat_ms, 5) == 10
-    assert clamp_heartbeat(1, 5) == 5
     assert clamp_heartbeat(10**9) == 60000
-    assert clamp_heartbeat(2000, 5000) == 2000  # the test hook only lowers the floor
     s = session(reg, {"topics": {"a": None}, "limit": 0, "max_batch_bytes": 10**12})
     assert s.opts.limit == 256 and s.opts.budget == 8388608
+
+
+def test_heartbeat_floor_is_read_when_clamping(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Tests that need fast heartbeats lower the floor in-process (test_watch_sse.py).
+    monkeypatch.setattr(watch_module, "HEARTBEAT_MIN_MS", 5)
+    assert clamp_heartbeat(10) == 10
+    assert clamp_heartbeat(1) == 5
+    assert clamp_heartbeat(10**9) == 60000
 
 
 @pytest.mark.parametrize(

@@ -454,12 +454,9 @@ def decode_composite_id(value: str) -> dict[str, int] | None:
     return out
 
 
-def clamp_heartbeat(raw: int, test_floor: int | None = None) -> int:
-    """Heartbeat interval in ms: [1000, 60000], floor lowered by the test hook."""
-    floor = HEARTBEAT_MIN_MS
-    if test_floor is not None:
-        floor = min(max(test_floor, 1), HEARTBEAT_MIN_MS)
-    return min(max(raw, floor), HEARTBEAT_MAX_MS)
+def clamp_heartbeat(raw: int) -> int:
+    """A watch's `heartbeat_ms` clamped to [HEARTBEAT_MIN_MS, HEARTBEAT_MAX_MS] (1000-60000 ms)."""
+    return min(max(raw, HEARTBEAT_MIN_MS), HEARTBEAT_MAX_MS)
 
 
 # ------------------------------------------------------------------- sessions

@@ -105,7 +105,7 @@ async def _run(ctx: Ctx, session: WatchSession) -> None:
     send = ctx.send
     loop = asyncio.get_running_loop()
     ws = WatchStream(ctx.engine, session)
-    heartbeat_s = clamp_heartbeat(session.heartbeat_ms, app.config.test_min_heartbeat_ms) / 1000
+    heartbeat_s = clamp_heartbeat(session.heartbeat_ms) / 1000
     shutting_down = app.shutting_down
     # Mutable stream state shared with the callbacks below.
     st = _State(loop)

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from topics.clock import SystemClock
+from topics.storage.fs import RealFs
 
 __all__ = ["ExportReport", "export_parquet"]
 
@@ -64,13 +66,14 @@ def export_parquet(
         select_topics,
     )
 
-    if os.path.isdir(out_dir) and os.listdir(out_dir):
+    fs, clock = RealFs(), SystemClock()
+    if fs.isdir(out_dir) and fs.listdir(out_dir):
         raise FileExistsError(f"output directory {out_dir} is not empty")
-    t0 = time.monotonic()
-    found = load_offline(data_dir, cold_dir)
+    t0 = clock.monotonic()
+    found = load_offline(data_dir, cold_dir, fs=fs)
     names = select_topics(found, topics, pattern)
-    slices = plan_slices(found, {n: Bounds() for n in names}, data_dir, cold_dir)
-    os.makedirs(out_dir, exist_ok=True)
+    slices = plan_slices(found, {n: Bounds() for n in names}, data_dir, cold_dir, fs=fs)
+    fs.makedirs(out_dir)
     schema = arrow_schema(value_format)
     total = sum(s.seqs for s in slices)
     records = 0
@@ -96,7 +99,7 @@ def export_parquet(
                 files.append((tmp, final))
                 writer = pq.ParquetWriter(tmp, schema, compression=compression)
             assert writer is not None
-            for batch in read_slice(sl, value_format):
+            for batch in read_slice(sl, value_format, fs=fs):
                 writer.write_batch(batch)
                 records += batch.num_rows
             bar.update(sl.seqs)
@@ -108,12 +111,12 @@ def export_parquet(
             writer.close()
         for tmp, _ in files:
             try:
-                os.unlink(tmp)
+                fs.unlink(tmp)
             except FileNotFoundError:
                 pass
         raise
     finally:
         bar.close()
     for tmp, final in files:
-        os.replace(tmp, final)
-    return ExportReport(records, len(files), len(names), len(slices), time.monotonic() - t0)
+        fs.replace(tmp, final)
+    return ExportReport(records, len(files), len(names), len(slices), clock.monotonic() - t0)

@@ -17,9 +17,10 @@ checkpoint: at most 60 s or 64 MiB of WAL by default, and none after a graceful
 stop) are not visible. A topic with `ttl_ms` also drops records older than
 `now - ttl_ms` at planning time, as the server's own reads do.
 
-**Safe while the server runs.** Nothing is written or locked. The catalog is
-given a read-only filesystem view (the snapshot loader would otherwise remove
-`snapshot.*.tmp` files, which are a running server's snapshot in progress).
+**Safe while the server runs.** Nothing is written or locked. Every file is
+read through a read-only view of the Fs seam (:class:`ReadOnlyFs`; the snapshot
+loader would otherwise remove `snapshot.*.tmp` files, which are a running
+server's snapshot in progress).
 Entries are only read up to the snapshot's head, which the server made
 durable in segments before writing that snapshot; entries a later checkpoint
 is appending are ignored. A segment that moves from the hot
@@ -61,8 +62,9 @@ from topics.clock import SystemClock
 from topics.engine.frames import FrameCorrupt, check_frame
 from topics.format.frame import SEG_HDR
 from topics.format.idx import DELETED, F_HAS_META, F_HAS_NODE, F_HAS_TAG, IDX_ENTRY_DTYPE
+from topics.fs import File, Fs
 from topics.storage.catalog import CatalogTopic, SegmentRef, load_catalog
-from topics.storage.fs import RealFile, RealFs
+from topics.storage.fs import RealFs
 from topics.storage.segment import IDX_ENTRY_SIZE
 from topics.storage.snapshot import list_snapshots, load_latest
 
@@ -115,35 +117,66 @@ def arrow_schema(value_format: str = "json") -> pa.Schema:
 # -- a read-only view of the filesystem for the catalog ------------------------------
 
 
-class ReadOnlyFs(RealFs):
-    """:class:`RealFs` that refuses every change and hides `*.tmp` names.
+def _refuse(path: str) -> PermissionError:
+    return PermissionError(errno.EROFS, "read-only view", path)
 
-    Given to :func:`load_catalog`/`load_latest` so that listing a live data
-    directory never removes the server's in-progress `snapshot.N.bin.tmp`.
+
+class ReadOnlyFs:
+    """A view of another :class:`~topics.fs.Fs` (the real one by default) that
+    refuses every change and hides `*.tmp` names.
+
+    Every read of this module goes through it, so listing a live data directory
+    never removes the server's in-progress `snapshot.N.bin.tmp`. A change
+    raises PermissionError (EROFS).
     """
 
-    def open(self, path: str, *, create: bool = False, write: bool = False) -> RealFile:
-        if create or write:
-            raise PermissionError(errno.EROFS, "read-only view", path)
-        return super().open(path)
+    def __init__(self, inner: Fs | None = None) -> None:
+        self.inner: Fs = inner or RealFs()
+
+    def open(
+        self, path: str, *, create: bool = False, write: bool = False, exclusive: bool = False
+    ) -> File:
+        if create or write or exclusive:
+            raise _refuse(path)
+        return self.inner.open(path)
 
     def replace(self, src: str, dst: str) -> None:
-        raise PermissionError(errno.EROFS, "read-only view", src)
+        raise _refuse(src)
 
     def unlink(self, path: str) -> None:
-        raise PermissionError(errno.EROFS, "read-only view", path)
+        raise _refuse(path)
 
     def rmdir(self, path: str) -> None:
-        raise PermissionError(errno.EROFS, "read-only view", path)
+        raise _refuse(path)
+
+    def rmtree(self, path: str) -> None:
+        raise _refuse(path)
+
+    def mkdir(self, path: str) -> None:
+        raise _refuse(path)
 
     def makedirs(self, path: str) -> None:
-        raise PermissionError(errno.EROFS, "read-only view", path)
+        raise _refuse(path)
 
     def fsync_dir(self, path: str) -> None:
-        raise PermissionError(errno.EROFS, "read-only view", path)
+        raise _refuse(path)
 
     def listdir(self, path: str) -> list[str]:
-        return [n for n in super().listdir(path) if not n.endswith(".tmp")]
+        return [n for n in self.inner.listdir(path) if not n.endswith(".tmp")]
+
+    def exists(self, path: str) -> bool:
+        return self.inner.exists(path)
+
+    def lexists(self, path: str) -> bool:
+        return self.inner.lexists(path)
+
+    def isdir(self, path: str) -> bool:
+        return self.inner.isdir(path)
+
+
+def _view(fs: Fs | None) -> ReadOnlyFs:
+    """`fs` (default: the real filesystem) as a :class:`ReadOnlyFs`."""
+    return fs if isinstance(fs, ReadOnlyFs) else ReadOnlyFs(fs)
 
 
 # -- planning ------------------------------------------------------------------------
@@ -217,28 +250,29 @@ def _expand(ranges: Any) -> set[int]:
 
 
 def load_offline(
-    data_dir: str, cold_dir: str | None = None, *, attempts: int = 5
+    data_dir: str, cold_dir: str | None = None, *, attempts: int = 5, fs: Fs | None = None
 ) -> dict[str, OfflineTopic]:
     """Topic name -> :class:`OfflineTopic` from the newest snapshot of `data_dir`.
 
     Retries when a checkpoint replaces the snapshot while it is being read, so
     the catalog and the snapshot body always describe the same checkpoint.
+    Files are read through `fs` (default: the real filesystem), read-only.
     Raises FileNotFoundError when `data_dir` does not exist, OSError when it
     cannot be read, RuntimeError when it keeps changing under the reader.
     Empty dict: no snapshot yet (nothing was checkpointed).
     """
-    if not os.path.isdir(data_dir):
+    view = _view(fs)
+    if not view.isdir(data_dir):
         raise FileNotFoundError(errno.ENOENT, "data directory does not exist", data_dir)
-    if cold_dir is not None and not os.path.isdir(cold_dir):
+    if cold_dir is not None and not view.isdir(cold_dir):
         raise FileNotFoundError(errno.ENOENT, "cold directory does not exist", cold_dir)
-    fs = ReadOnlyFs()
     meta_dir = os.path.join(data_dir, "meta")
     last_err: Exception | None = None
     for _ in range(attempts):
         try:
-            before = list_snapshots(fs, meta_dir) if os.path.isdir(meta_dir) else []
-            catalog = load_catalog(data_dir, cold_dir, fs=fs)
-            found = load_latest(fs, meta_dir)
+            before = list_snapshots(view, meta_dir) if view.isdir(meta_dir) else []
+            catalog = load_catalog(data_dir, cold_dir, fs=view)
+            found = load_latest(view, meta_dir)
         except FileNotFoundError as e:  # a snapshot pruned between listing and reading
             last_err = e
             continue
@@ -279,18 +313,18 @@ def _other_tier(ref: SegmentRef, data_dir: str, cold_dir: str | None) -> tuple[s
     return os.path.join(dst, rel_d), os.path.join(dst, rel_i)
 
 
-def _read_idx(path: str, first_entry: int, count: int) -> np.ndarray[Any, Any]:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+def _read_idx(fs: Fs, path: str, first_entry: int, count: int) -> np.ndarray[Any, Any]:
+    f = fs.open(path)
     try:
-        raw = _pread_all(fd, count * IDX_ENTRY_SIZE, first_entry * IDX_ENTRY_SIZE)
+        raw = _pread_all(f, count * IDX_ENTRY_SIZE, first_entry * IDX_ENTRY_SIZE)
     finally:
-        os.close(fd)
+        f.close()
     n = len(raw) // IDX_ENTRY_SIZE
     return np.frombuffer(raw, IDX_ENTRY_DTYPE, count=n)
 
 
 def _ts_range(
-    ref: SegmentRef, lo: int, hi: int, data_dir: str, cold: str | None
+    fs: Fs, ref: SegmentRef, lo: int, hi: int, data_dir: str, cold: str | None
 ) -> tuple[int, int] | None:
     """Min and max `ts` of the live `.idx` entries of seqs `[lo, hi]`, or None (none live)."""
     paths = [ref.idx_path]
@@ -299,7 +333,7 @@ def _ts_range(
         paths.append(alt[1])
     for p in paths:
         try:
-            idx = _read_idx(p, lo - ref.first_seq, hi - lo + 1)
+            idx = _read_idx(fs, p, lo - ref.first_seq, hi - lo + 1)
         except FileNotFoundError:
             continue
         live = idx["flags"] != DELETED
@@ -317,14 +351,17 @@ def plan_slices(
     cold_dir: str | None = None,
     *,
     now_ms: int | None = None,
+    fs: Fs | None = None,
 ) -> list[SegmentSlice]:
     """One :class:`SegmentSlice` per segment of each topic in `bounds` that may hold rows.
 
     Seq pruning uses the catalog alone; when a topic's bounds carry timestamps,
-    its `.idx` files are read (never `.data`) and segments whose live
-    timestamps all fall outside are dropped. `now_ms` (default: the wall clock)
-    is the time TTLs are judged against. Slices come ordered by topic, then seq.
+    its `.idx` files are read (never `.data`, through `fs`, default the real
+    filesystem) and segments whose live timestamps all fall outside are
+    dropped. `now_ms` (default: the wall clock) is the time TTLs are judged
+    against. Slices come ordered by topic, then seq.
     """
+    view = _view(fs)
     now = SystemClock().now_ms() if now_ms is None else now_ms
     out: list[SegmentSlice] = []
     for name in sorted(bounds):
@@ -344,7 +381,7 @@ def plan_slices(
             if hi < lo:
                 continue
             if b.ts_lo is not None or b.ts_hi is not None or keep_from is not None:
-                rng = _ts_range(ref, lo, hi, data_dir, cold_dir)
+                rng = _ts_range(view, ref, lo, hi, data_dir, cold_dir)
                 if rng is None:
                     continue
                 tmin, tmax = rng
@@ -392,11 +429,11 @@ def select_topics(
 # -- reading one slice ---------------------------------------------------------------
 
 
-def _pread_all(fd: int, size: int, offset: int) -> bytes:
+def _pread_all(f: File, size: int, offset: int) -> bytes:
     parts: list[bytes] = []
     got = 0
     while got < size:
-        b = os.pread(fd, size - got, offset + got)
+        b = f.pread(size - got, offset + got)
         if not b:
             break
         parts.append(b)
@@ -408,23 +445,22 @@ class _Gone(Exception):
     """The segment is in neither tier any more."""
 
 
-def _open_pair(sl: SegmentSlice) -> tuple[int, int, str]:
-    """fds of `.idx` and `.data` from one tier, and the `.data` path used."""
+def _open_pair(fs: Fs, sl: SegmentSlice) -> tuple[File, File, str]:
+    """`.idx` and `.data` opened from one tier, and the `.data` path used."""
     pairs = [(sl.idx_path, sl.data_path)]
     if sl.alt_idx_path and sl.alt_data_path:
         pairs.append((sl.alt_idx_path, sl.alt_data_path))
-    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
     for ip, dp in pairs:
         try:
-            ifd = os.open(ip, flags)
+            ifile = fs.open(ip)
         except FileNotFoundError:
             continue
         try:
-            dfd = os.open(dp, flags)
+            dfile = fs.open(dp)
         except FileNotFoundError:
-            os.close(ifd)
+            ifile.close()
             continue
-        return ifd, dfd, dp
+        return ifile, dfile, dp
     raise _Gone()
 
 
@@ -494,17 +530,22 @@ def _corrupt(path: str, raw: bytes, o: int, ln: int, seq: int, fallback: str) ->
 
 
 def read_slice(
-    sl: SegmentSlice, value_format: str = "json", batch_rows: int = DEFAULT_BATCH_ROWS
+    sl: SegmentSlice,
+    value_format: str = "json",
+    batch_rows: int = DEFAULT_BATCH_ROWS,
+    *,
+    fs: Fs | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """The live records of `sl` as record batches of :func:`arrow_schema` (`value_format`).
 
+    Files are read through `fs` (default: the real filesystem), read-only.
     Raises FrameCorrupt (file, seq, reason) on a frame that does not verify,
     OSError when a file cannot be read. A segment gone from both tiers yields
     nothing (logged as a warning).
     """
     schema = arrow_schema(value_format)
     try:
-        ifd, dfd, data_path = _open_pair(sl)
+        ifile, dfile, data_path = _open_pair(_view(fs), sl)
     except _Gone:
         log.warning(
             "segment %s of topic %s is gone (dropped or moved since planning); skipped",
@@ -514,7 +555,7 @@ def read_slice(
         return
     try:
         count = sl.hi - sl.lo + 1
-        raw_idx = _pread_all(ifd, count * IDX_ENTRY_SIZE, (sl.lo - sl.first_seq) * IDX_ENTRY_SIZE)
+        raw_idx = _pread_all(ifile, count * IDX_ENTRY_SIZE, (sl.lo - sl.first_seq) * IDX_ENTRY_SIZE)
         if len(raw_idx) < count * IDX_ENTRY_SIZE:
             raise FrameCorrupt(
                 sl.idx_path,
@@ -545,7 +586,7 @@ def read_slice(
             yield _decode(
                 sl,
                 data_path,
-                dfd,
+                dfile,
                 offs_all[start:end],
                 lens_all[start:end],
                 seqs_all[start:end],
@@ -554,14 +595,14 @@ def read_slice(
                 value_format,
             )
     finally:
-        os.close(ifd)
-        os.close(dfd)
+        ifile.close()
+        dfile.close()
 
 
 def _decode(
     sl: SegmentSlice,
     path: str,
-    dfd: int,
+    dfile: File,
     offs: np.ndarray[Any, Any],
     lens: np.ndarray[Any, Any],
     seqs: np.ndarray[Any, Any],
@@ -572,7 +613,7 @@ def _decode(
     n = len(offs)
     lo = int(offs.min())
     hi = int((offs + lens).max())
-    raw = _pread_all(dfd, hi - lo, lo)
+    raw = _pread_all(dfile, hi - lo, lo)
     o = offs - lo
     ln = lens
     # Frames must lie inside what was read and be at least a header plus checksum.

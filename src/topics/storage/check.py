@@ -54,17 +54,13 @@ import orjson
 
 from topics.format.frame import (
     APPEND,
-    FRAME_TYPES,
     LOST,
-    MIN_FRAME_LEN,
-    MIN_FRAME_SIZE,
     SEG_MIN_FRAME_SIZE,
     TOPIC_CREATE,
     TOPIC_DELETE,
     Frame,
     FrameError,
     Torn,
-    decode_frame,
     decode_segment_frame,
 )
 from topics.format.idx import DELETED, IDX_ENTRY_DTYPE
@@ -138,7 +134,6 @@ Progress = Callable[[int, int], None]
 
 _SHARD_RE = re.compile(r"^shard-(\d+)$")
 _TOPIC_RE = re.compile(r"^[0-9a-f]{16}$")
-_SCAN_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,9 +209,6 @@ class CheckReport:
     @property
     def corruption(self) -> list[Problem]:
         return [p for p in self.problems if p.corrupt]
-
-    def by_kind(self, kind: str) -> list[Problem]:
-        return [p for p in self.problems if p.kind == kind]
 
     def count(self, severity: str) -> int:
         return sum(1 for p in self.problems if p.severity == severity)
@@ -298,37 +290,6 @@ def _first_index(name: str) -> int | None:
 
 
 # -- WAL -------------------------------------------------------------------------
-
-
-def _find_frame(buf: bytes, a: np.ndarray[Any, Any], stop: int, start: int) -> Frame | None:
-    """The first whole valid WAL frame starting in `[start, stop)`, or None.
-
-    `a` is `buf` as a uint8 array. A vectorised prefilter (type byte known,
-    `frame_len` in range) keeps the number of full decodes small.
-    """
-    n = len(buf)
-    last_start = min(stop, n - MIN_FRAME_SIZE + 1)
-    if start >= last_start:
-        return None
-    top = max(FRAME_TYPES)
-    p = start
-    while p < last_start:
-        hi = min(last_start, p + _SCAN_CHUNK)
-        flen = (
-            a[p:hi].astype(np.uint32)
-            | (a[p + 1 : hi + 1].astype(np.uint32) << 8)
-            | (a[p + 2 : hi + 2].astype(np.uint32) << 16)
-            | (a[p + 3 : hi + 3].astype(np.uint32) << 24)
-        ).astype(np.int64)
-        typ = a[p + 4 : hi + 4]
-        room = n - 4 - np.arange(p, hi, dtype=np.int64)
-        mask = (typ >= 1) & (typ <= top) & (flen >= MIN_FRAME_LEN) & (flen <= room)
-        for c in np.flatnonzero(mask).tolist():
-            r = decode_frame(buf, p + c)
-            if isinstance(r, Frame):
-                return r
-        p = hi
-    return None
 
 
 class _ShardChecker:

@@ -20,7 +20,7 @@ One cycle (docs/FORMATS.md, "Checkpoints and WAL pruning"), all state changes on
    0xD5), sealing on the count and size triggers, fdatasync every touched file,
    remove deleted topics' directories, write `meta/snapshot.NNNN.bin`, then
    delete WAL files that no retained snapshot needs. Topics are written
-   independently, several at once on a real filesystem (`io_threads`); each
+   independently, several at once (`io_threads`); each
    topic's frames are converted and written `STEP_BYTES` at a time, so the
    cycle's extra memory is a few steps, not the bytes it moves. A topic's
    segment writer gives its descriptors back once its files are flushed.
@@ -30,7 +30,9 @@ One cycle (docs/FORMATS.md, "Checkpoints and WAL pruning"), all state changes on
 A failure in step 3 writes no snapshot (the WAL keeps everything) and the
 affected topics resume their active segment from disk on the next cycle.
 Cycles run every `interval_ms` when anything changed, after `wal_bytes` of WAL
-growth, and at graceful shutdown (checked every `check_s` seconds).
+growth, and at graceful shutdown (checked every `check_s` seconds). Elapsed time
+is read from the engine's :class:`~topics.clock.Clock` (its monotonic reading),
+so a test clock decides when the interval has passed.
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ import logging
 import mmap
 import posixpath
 import struct
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -51,7 +52,7 @@ from topics.engine.index import LOC_HOLE, SlotArray
 from topics.engine.topic import CHUNK_BASE, Topic
 from topics.errors import TopicsError
 from topics.format.frame import FrameBuf, encode_segment_record
-from topics.storage.fs import Fs, RealFs
+from topics.storage.fs import Fs
 from topics.storage.meta import capture_meta
 from topics.storage.segment import SegmentWriter, segment_blob, segment_paths
 from topics.storage.segstore import SegmentPart, Tier
@@ -101,11 +102,11 @@ class CheckpointConfig:
     interval_ms: int = 60_000
     wal_bytes: int = 67_108_864
     check_s: float = 5.0
-    #: Threads writing topics' segment files at once on a real filesystem (each
-    #: topic's files are written by one thread, in order; concurrent fdatasyncs
-    #: share journal commits, so a cycle over many small topics is several times
-    #: faster). Other Fs implementations (the test fakes) always get one thread,
-    #: which keeps the order of their file operations deterministic.
+    #: Threads writing topics' segment files at once (each topic's files are
+    #: written by one thread, in order; concurrent fdatasyncs share journal
+    #: commits, so a cycle over many small topics is several times faster).
+    #: `1` keeps the order of file operations deterministic (the crash tests'
+    #: in-memory disk sets it).
     io_threads: int = 8
 
 
@@ -184,7 +185,7 @@ class Checkpointer:
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._last_bytes = journal.bytes_written()
-        self._last_mono = time.monotonic()
+        self._last_mono = self.engine.clock.monotonic()
         self.cycles = 0
         self.failures = 0
         self.last: CheckpointReport | None = None
@@ -239,7 +240,7 @@ class Checkpointer:
         grown = self.journal.bytes_written() - self._last_bytes
         if self.cfg.wal_bytes and grown >= self.cfg.wal_bytes:
             return True
-        elapsed_ms = (time.monotonic() - self._last_mono) * 1000
+        elapsed_ms = (self.engine.clock.monotonic() - self._last_mono) * 1000
         if self.cfg.interval_ms and elapsed_ms >= self.cfg.interval_ms:
             if grown > 0 or any(t.flip_seqs for t in self.engine.topics.values()):
                 return True
@@ -288,7 +289,7 @@ class Checkpointer:
         and, succeeded or not, ends by giving back every segment read handle.
         """
         async with self._lock:
-            t0 = time.perf_counter()
+            t0 = self.engine.clock.monotonic()
             try:
                 report = await self._cycle(final)
             except BaseException:
@@ -297,7 +298,7 @@ class Checkpointer:
             finally:
                 if final:
                     self._release_handles()
-            report.seconds = time.perf_counter() - t0
+            report.seconds = self.engine.clock.monotonic() - t0
             log.info(
                 "checkpoint: snapshot %d, %d records (%d bytes) into segments, %d sealed, "
                 "%d dropped, %d delete flags, %d WAL files pruned, %.3f s",
@@ -378,7 +379,7 @@ class Checkpointer:
         # 4. Re-point.
         failed = self._apply(results, report, snapshot_ok=snap_error is None)
         self._last_bytes = journal.bytes_written()
-        self._last_mono = time.monotonic()
+        self._last_mono = self.engine.clock.monotonic()
         if snap_error is not None:
             raise CheckpointFailed(f"snapshot write failed: {snap_error}")
         if failed is not None:
@@ -559,13 +560,13 @@ class Checkpointer:
     ) -> list[tuple[_Result, CheckpointReport]]:
         """Each plan's segment files: its result and report counts, in plan order.
 
-        Topics are independent (own directory, store and writer), so on a real
-        filesystem batches of them run on up to `io_threads` threads; each topic
+        Topics are independent (own directory, store and writer), so batches
+        of them run on up to `io_threads` threads; each topic
         is written by one thread from start to end, and the memory a topic
         needs is bounded per step (`STEP_BYTES`), so the cycle's working set is
         at most about `io_threads` steps.
         """
-        threads = self.cfg.io_threads if isinstance(self.fs, RealFs) else 1
+        threads = self.cfg.io_threads
         if threads <= 1 or len(plans) < 2:
             return [self._one_topic_files(p, now) for p in plans]
         per = max(1, min(64, len(plans) // (threads * 4)))

@@ -1,9 +1,10 @@
 """`.topics.lock`: one process per data directory.
 
-An advisory exclusive `flock` held for the life of the server. A second process
-pointed at the same directory fails at startup instead of appending to the same
-WAL (README.md "Durability and the data directory"). The lock is not durable
-state, so it uses the OS directly rather than the Fs seam.
+An advisory exclusive lock (:meth:`topics.fs.File.lock`, `flock` on a real
+filesystem) held for the life of the server. A second process pointed at the
+same directory fails at startup instead of appending to the same WAL (README.md
+"Durability and the data directory"). Every file operation goes through the Fs
+seam (docs/ARCHITECTURE.md, "Layers"), so tests can run the lock on a fake disk.
 
 A start that fails after taking the lock can undo itself with
 :meth:`DataDirLock.discard`: it removes what this process added to the data
@@ -15,9 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
-import shutil
+
+from topics.fs import File, Fs
+from topics.storage.fs import RealFs, write_all
 
 __all__ = ["LOCK_NAME", "DataDirError", "DataDirLock", "DataDirLocked", "data_dir_problem"]
 
@@ -32,10 +34,10 @@ class DataDirLocked(DataDirError):
     """Another process holds the data directory."""
 
 
-def _nearest_existing(path: str) -> str:
+def _nearest_existing(fs: Fs, path: str) -> str:
     """`path` or its closest ancestor that exists (lstat); `/` or `.` at worst."""
     p = os.path.abspath(path)
-    while not os.path.lexists(p):
+    while not fs.lexists(p):
         parent = os.path.dirname(p)
         if parent == p:
             break
@@ -43,19 +45,21 @@ def _nearest_existing(path: str) -> str:
     return p
 
 
-def data_dir_problem(data_dir: str) -> str | None:
-    """Why `data_dir` cannot be a data directory, without touching the disk; else None.
+def data_dir_problem(data_dir: str, fs: Fs | None = None) -> str | None:
+    """Why `data_dir` cannot be a data directory, without writing anything; else None.
 
     Catches the cases that need no write to detect: the path is an existing
     non-directory, or a missing path whose closest existing ancestor is not a
-    directory (`file/sub`). Returns a one-line message.
+    directory (`file/sub`). Returns a one-line message. `fs` defaults to the
+    real filesystem.
     """
-    if os.path.lexists(data_dir):
-        if not os.path.isdir(data_dir):
+    fs = fs or RealFs()
+    if fs.lexists(data_dir):
+        if not fs.isdir(data_dir):
             return f"data directory {data_dir} exists and is not a directory"
         return None
-    anc = _nearest_existing(data_dir)
-    if os.path.lexists(anc) and not os.path.isdir(anc):
+    anc = _nearest_existing(fs, data_dir)
+    if fs.lexists(anc) and not fs.isdir(anc):
         return f"cannot create data directory {data_dir}: {anc} is not a directory"
     return None
 
@@ -72,20 +76,23 @@ class DataDirLock:
     :class:`DataDirError` when the directory cannot be created or the lock file
     cannot be opened (not a directory, permission denied, read-only
     filesystem...). On either error nothing this call created is left behind.
+    `fs` defaults to the real filesystem.
 
     Attributes: `path` (the lock file), `created_dirs` (directories this call
-    created, outermost first), `created_file` (whether the lock file is new).
+    created, outermost first), `created_file` (whether the lock file is new),
+    `file` (the open lock file while held, else None).
     """
 
-    def __init__(self, data_dir: str) -> None:
+    def __init__(self, data_dir: str, *, fs: Fs | None = None) -> None:
+        self.fs: Fs = fs or RealFs()
         self.data_dir = data_dir
         self.path = os.path.join(data_dir, LOCK_NAME)
-        self.fd = -1
+        self.file: File | None = None
         self.created_dirs: list[str] = []
         self.created_file = False
         self._before: set[str] = set()
         self._previous = b""
-        problem = data_dir_problem(data_dir)
+        problem = data_dir_problem(data_dir, self.fs)
         if problem is not None:
             raise DataDirError(problem)
         try:
@@ -108,15 +115,16 @@ class DataDirLock:
             raise DataDirError(f"cannot open the lock file {self.path}: {_why(exc)}") from None
         try:
             # Everything present now existed before this start (or is our lock file).
-            self._before = set(os.listdir(data_dir))
+            self._before = set(self.fs.listdir(data_dir))
         except OSError as exc:
             self._undo_lock()
             raise DataDirError(f"cannot read data directory {data_dir}: {_why(exc)}") from None
 
     def _make_dirs(self) -> None:
+        fs = self.fs
         missing: list[str] = []
         p = os.path.abspath(self.data_dir)
-        while not os.path.isdir(p):
+        while not fs.isdir(p):
             missing.append(p)
             parent = os.path.dirname(p)
             if parent == p:
@@ -124,79 +132,82 @@ class DataDirLock:
             p = parent
         for d in reversed(missing):
             try:
-                os.mkdir(d)
+                fs.mkdir(d)
             except FileExistsError:
-                if not os.path.isdir(d):
+                if not fs.isdir(d):
                     raise
                 continue  # created concurrently by someone else: not ours
             self.created_dirs.append(d)
 
     def _acquire(self) -> None:
         # The lock file may be unlinked by a failed start (see discard) between our
-        # open and our flock; then we hold a lock on a dead inode, so check that the
-        # path still names the file we locked and retry otherwise.
+        # open and our lock; File.lock then reports that the path no longer names
+        # the file we opened (FileNotFoundError), and we open it again.
+        fs = self.fs
         while True:
             try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+                f = fs.open(self.path, create=True, write=True, exclusive=True)
                 created = True
             except FileExistsError:
                 try:
-                    fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+                    f = fs.open(self.path, write=True)
                 except FileNotFoundError:
                     continue  # unlinked in between: try to create it again
                 created = False
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
-                os.close(fd)
-                raise DataDirLocked(
-                    f"data directory {self.data_dir} is in use by another topics process"
-                    + (f" (pid {holder})" if holder else "")
-                ) from None
-            except BaseException:
-                os.close(fd)
-                raise
-            try:
-                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
+                locked = f.lock()
             except FileNotFoundError:
-                same = False
-            if same:
+                f.close()
+                continue
+            except BaseException:
+                f.close()
+                raise
+            if locked:
                 break
-            os.close(fd)
-        self.fd = fd
+            try:
+                holder = f.pread(64, 0).decode(errors="replace").strip()
+            finally:
+                f.close()
+            raise DataDirLocked(
+                f"data directory {self.data_dir} is in use by another topics process"
+                + (f" (pid {holder})" if holder else "")
+            )
+        self.file = f
         self.created_file = created
         # An old file keeps its text if this start fails (see _undo_lock).
-        self._previous = b"" if created else os.pread(fd, 4096, 0)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._previous = b"" if created else f.pread(4096, 0)
+        f.truncate(0)
+        write_all(f, f"{os.getpid()}\n".encode(), 0)
 
     def _remove_created_dirs(self) -> None:
         for d in reversed(self.created_dirs):
             with contextlib.suppress(OSError):  # not empty any more: not ours alone
-                os.rmdir(d)
+                self.fs.rmdir(d)
 
     def _undo_lock(self) -> None:
         # Remove the lock file if this start created it (else restore its old
         # text), release, and remove the directories this start created. The file
         # is unlinked while still locked: a process that opened it just before
         # sees, once it gets the lock, that the path is gone and retries.
-        if self.fd >= 0:
+        f = self.file
+        if f is not None:
             with contextlib.suppress(OSError):
                 if self.created_file:
-                    os.unlink(self.path)
+                    self.fs.unlink(self.path)
                 else:
-                    os.ftruncate(self.fd, 0)
-                    os.pwrite(self.fd, self._previous, 0)
+                    f.truncate(0)
+                    write_all(f, self._previous, 0)
         self.release()
         self._remove_created_dirs()
 
     def release(self) -> None:
         """Unlock and close (the lock file stays: the normal end of a server)."""
-        if self.fd >= 0:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-            self.fd = -1
+        f, self.file = self.file, None
+        if f is not None:
+            try:
+                f.unlock()
+            finally:
+                f.close()
 
     def discard(self) -> None:
         """Undo a failed start, then release.
@@ -207,14 +218,11 @@ class DataDirLock:
         before the start are never touched. Errors while removing are ignored
         (best effort; the process is about to exit).
         """
-        if self.fd < 0:
+        if self.file is None:
             return
+        fs = self.fs
         with contextlib.suppress(OSError):
-            for name in set(os.listdir(self.data_dir)) - self._before:
-                p = os.path.join(self.data_dir, name)
-                if os.path.isdir(p) and not os.path.islink(p):
-                    shutil.rmtree(p, ignore_errors=True)
-                else:
-                    with contextlib.suppress(OSError):
-                        os.unlink(p)
+            for name in set(fs.listdir(self.data_dir)) - self._before:
+                with contextlib.suppress(OSError):
+                    fs.rmtree(os.path.join(self.data_dir, name))
         self._undo_lock()

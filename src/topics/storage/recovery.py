@@ -30,7 +30,6 @@ import asyncio
 import errno
 import logging
 import posixpath
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -397,12 +396,12 @@ def recover(
     Raises OSError when a shard or segment cannot be read or repaired.
     `progress(fraction)` is called as frames are applied.
     """
-    t0 = time.perf_counter()
+    t0 = engine.clock.monotonic()
     loaded = load_data_dir(fs, data_dir, n_shards, cold_dir, **shard_kw)
     report = RecoveryReport()
     for _ in replay(engine, loaded, report, progress=progress):
         pass
-    report.seconds = time.perf_counter() - t0
+    report.seconds = engine.clock.monotonic() - t0
     return loaded.shards, report
 
 
@@ -421,7 +420,7 @@ async def recover_async(
     Files are read in a worker thread; replay runs on the loop in slices so
     `/v0/ready` can answer 503 with progress meanwhile.
     """
-    t0 = time.perf_counter()
+    t0 = engine.clock.monotonic()
     loaded = await asyncio.to_thread(load_data_dir, fs, data_dir, n_shards, cold_dir, **shard_kw)
     report = RecoveryReport()
     try:
@@ -431,7 +430,7 @@ async def recover_async(
         for sh in loaded.shards:
             sh.close()
         raise
-    report.seconds = time.perf_counter() - t0
+    report.seconds = engine.clock.monotonic() - t0
     return loaded.shards, report
 
 

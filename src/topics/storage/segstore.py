@@ -102,10 +102,6 @@ class SegmentStore(Protocol):
         ...
 
 
-def _ext(part: SegmentPart) -> str:
-    return ".data" if part is SegmentPart.DATA else ".idx"
-
-
 class LocalSegmentStore:
     """A :class:`SegmentStore` over a local directory (the HOT dir, or the cold dir).
 

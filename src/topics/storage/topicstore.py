@@ -51,7 +51,7 @@ from topics.format.idx import (
     F_RECORD_MASK,
     IDX_ENTRY_DTYPE,
 )
-from topics.storage.fs import File, Fs, RealFile, RealFs, write_all
+from topics.storage.fs import File, Fs, write_all
 from topics.storage.segment import (
     IDX_ENTRY_SIZE,
     SegmentWriter,
@@ -188,8 +188,9 @@ def set_max_open_segment_files(cap: int) -> None:
 class SegmentSource:
     """Frames of one segment `.data` file, read by the engine (a FrameSource).
 
-    A sealed `.data` on a :class:`~topics.storage.fs.RealFs` is read through an
-    `mmap`, anything else (the active segment, another `Fs`) through `pread`.
+    A sealed `.data` is read through an `mmap` when its `Fs` can map it
+    (:meth:`topics.fs.File.map`), anything else (the active segment, an `Fs`
+    that cannot map) through `pread`.
     Either handle is opened on first use and kept in :data:`open_files`, which
     bounds how many are open at once; a read after the pool released the
     handle reopens it. Raises OSError (e.g. FileNotFoundError) when the file
@@ -225,7 +226,7 @@ class SegmentSource:
             if m is not None:
                 pool.touch(self)
                 return m, 0
-            if self.sealed and isinstance(self.fs, RealFs):
+            if self.sealed and self._file is None:
                 m = self._mapped()
                 if m is not None:
                     return m, 0
@@ -238,20 +239,23 @@ class SegmentSource:
             return f.pread(hi - lo, lo), lo
 
     def _mapped(self) -> mmap.mmap | None:
-        """Map the sealed file (pool lock held); None for an empty or non-OS file."""
+        """Map the sealed file (pool lock held, no handle held yet).
+
+        Returns the map, or None when the file cannot be mapped (empty, or an
+        `Fs` without maps): the file just opened then stays as the `pread`
+        handle, so the next read neither maps nor opens again.
+        """
         f = self.fs.open(self.name)
         try:
-            size = f.size()
-            if size == 0 or not isinstance(f, RealFile):
-                return None
-            m = mmap.mmap(f.fd, size, access=mmap.ACCESS_READ)
-        finally:
+            m = f.map()
+        except BaseException:
             f.close()
-        if self._file is not None:  # mapped now: the pread handle is not needed
-            self._file.close()
-            self._file = None
-            open_files.discard(self)
-        self._map = m
+            raise
+        if m is None:
+            self._file = f
+        else:
+            f.close()  # the map holds its own descriptor
+            self._map = m
         open_files.add(self)
         return m
 

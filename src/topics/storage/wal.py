@@ -29,9 +29,12 @@ Invariants:
   nor appends after bytes that never reached the disk; a failed `pwrite` rewinds
   the tail so the next batch overwrites the partial bytes.
 
-Time for the periodic sync of non-`fsync` members comes from `time.monotonic`
-inside the writer thread: it only paces background work and never decides
-correctness.
+Time comes from the shard's :class:`~topics.clock.Clock` (`clock`, the system
+clock unless a test gives its own): its monotonic reading times the disk-full
+retries and the fsync latencies. It only paces background work and never
+decides correctness. The writer waits on its queue with a real timeout (the
+periodic sync of non-`fsync` members, the next disk-full retry), so a test
+clock changes what the writer reads, not how long it sleeps.
 """
 
 from __future__ import annotations
@@ -41,7 +44,6 @@ import logging
 import posixpath
 import queue
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,13 +51,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from topics.clock import Clock, SystemClock
 from topics.format.frame import (
     APPEND,
     F_BATCH_MORE,
     LOST,
     SYNC_MARK,
     WAL_COLS_DTYPE,
-    End,
     Frame,
     FrameError,
     Torn,
@@ -302,10 +304,6 @@ class ShardScan:
     damage: list[Damage] = field(default_factory=list)
     torn_end: int = 0  # end of the torn bytes (the last non-zero byte + 1)
     mark: int = 0
-
-    @property
-    def frame_count(self) -> int:
-        return sum(len(f.cols) for f in self.files)
 
     @property
     def frames(self) -> list[tuple[str, Frame]]:
@@ -634,8 +632,10 @@ class WalShard:
         queue_max: int = DEFAULT_QUEUE_MAX,
         sync_interval_s: float = DEFAULT_SYNC_INTERVAL_S,
         full_retry_s: float = DISK_FULL_RETRY_S,
+        clock: Clock | None = None,
     ) -> None:
         self.fs = fs
+        self.clock: Clock = clock or SystemClock()
         self.full_retry_s = full_retry_s
         self.dir = directory
         self.file_bytes = file_bytes
@@ -889,13 +889,13 @@ class WalShard:
         while True:
             timeout = self.sync_interval_s if self._dirty else None
             if self.disk_full:
-                wait = max(self._retry_at - time.monotonic(), 0.0)
+                wait = max(self._retry_at - self.clock.monotonic(), 0.0)
                 timeout = wait if timeout is None else min(timeout, wait)
             try:
                 first = q.get(timeout=timeout)
             except queue.Empty:
                 self._background_sync()
-                if self.disk_full and time.monotonic() >= self._retry_at:
+                if self.disk_full and self.clock.monotonic() >= self._retry_at:
                     self._retry()
                 continue
             batch: list[WalEntry] = []
@@ -937,10 +937,10 @@ class WalShard:
         if not self._dirty or self._file is None or self.read_only:
             return
         try:
-            t0 = time.perf_counter()
+            t0 = self.clock.monotonic()
             offset = self._offset
             self._file.fdatasync()
-            self.metrics.observe_fsync(int((time.perf_counter() - t0) * 1e6))
+            self.metrics.observe_fsync(int((self.clock.monotonic() - t0) * 1e6))
             self._dirty = False
             self._synced_offset = offset
         except OSError as exc:
@@ -1011,7 +1011,7 @@ class WalShard:
         self._holds += 1
         if not self.disk_full:
             self.disk_full = True
-            self.disk_full_since = time.monotonic()
+            self.disk_full_since = self.clock.monotonic()
             log.error(
                 "wal %s: the disk is full (%s); new writes get 507 until space returns",
                 self.dir,
@@ -1019,7 +1019,7 @@ class WalShard:
             )
         if probe:
             self._full_probe = probe
-        self._retry_at = time.monotonic() + self.full_retry_s
+        self._retry_at = self.clock.monotonic() + self.full_retry_s
         self._retained.extend(e for e in entries if e.acked_early)
         refused = [e for e in entries if not e.acked_early]
         if refused:
@@ -1058,7 +1058,7 @@ class WalShard:
             log.warning(
                 "wal %s: space is back after %.1f s; writes resume",
                 self.dir,
-                time.monotonic() - self.disk_full_since,
+                self.clock.monotonic() - self.disk_full_since,
             )
 
     def _commit(self, batch: list[WalEntry]) -> None:
@@ -1117,9 +1117,9 @@ class WalShard:
         if sync_error is None:
             if any(e.sync for e in written[synced:]):
                 try:
-                    t0 = time.perf_counter()
+                    t0 = self.clock.monotonic()
                     self._sync_active()
-                    dt = time.perf_counter() - t0
+                    dt = self.clock.monotonic() - t0
                     self.metrics.observe_fsync(int(dt * 1e6))
                     fsync_ms = dt * 1000
                     synced = len(written)
@@ -1235,17 +1235,6 @@ class WalShard:
 
     # ------------------------------------------------------------ inspection
 
-    def files(self) -> list[str]:
-        return _list_wal_files(self.fs, self.dir)
-
-    def prune(self, before: WalPosition) -> list[str]:
-        """Delete the files whose every frame precedes `before` (never the active file).
-
-        Called by the checkpointer once a snapshot that no longer needs them is
-        durable. Returns the names removed; raises OSError from the fs.
-        """
-        return prune_files(self.fs, self.dir, before, keep=self._file_name)
-
     @property
     def position(self) -> tuple[str, int, int]:
         """(active file, byte offset of the tail, next frame index)."""
@@ -1292,8 +1281,3 @@ def prune_files(fs: Fs, d: str, before: WalPosition, keep: str = "") -> list[str
     if gone:
         fs.fsync_dir(d)
     return gone
-
-
-def is_end(x: object) -> bool:
-    """True for the decoder's End marker (zeroed space / end of buffer)."""
-    return isinstance(x, End)
