@@ -60,8 +60,8 @@ METRICS: dict[str, list[tuple[str, str, bool, int]]] = {
     ],
     "diff": [("limit * records/s", "diff.*.records_per_s", True, 0)],
     "sse": [
-        ("* watchers p50 ms", "sse.*.p50_ms", False, 2),
-        ("* watchers p99 ms", "sse.*.p99_ms", False, 2),
+        ("watchers * p50 ms", "sse.*.p50_ms", False, 2),
+        ("watchers * p99 ms", "sse.*.p99_ms", False, 2),
     ],
 }
 FORBIDDEN = {"--repeat", "--json", "--url", "--server-pid", "--only"}
