@@ -1,0 +1,1114 @@
+"""Cold history reads must not hurt live traffic: write-ack and SSE p99, with and without a scan.
+
+The invariant: a client scanning deep history from segment files that are *not* in the
+page cache must not change the write-ack p99 or the SSE delivery p99 of another topic by
+more than 20%. This script measures it against a real ``python -m topics serve``:
+
+1. **Fill.** Topic ``history`` (class ``disk``) gets ``--history-bytes`` of records
+   (``--record-bytes`` of JSON string data each, 1000-record batches over 4 connections).
+   Topic ``live`` is created with ``--durability`` (default ``fsync``).
+2. **Cold start.** The server is stopped with SIGTERM: its final checkpoint moves every
+   record into ``topics/<id>/seg-*.data/.idx`` and nothing is left in the WAL. Then the
+   history's segment files are evicted from the page cache (``posix_fadvise(DONTNEED)``
+   on every ``.data`` and ``.idx``; as root also ``echo 1 > /proc/sys/vm/drop_caches``)
+   and the server is started again, so history reads come from the segment files and
+   from the disk. The resident share of those files is measured with ``mincore(2)``.
+3. **Phase A (baseline).** One client writes one small record to ``live`` at a fixed rate
+   (``--rate``, default 200/s), one request at a time on one keep-alive connection;
+   write-ack latency is send to response. A subscriber in a separate process (one watch
+   session, one SSE stream on ``live``) stamps every received chunk with
+   ``time.monotonic_ns()``; each record carries its writer's ``monotonic_ns()``, so
+   delivery latency = arrival - send across processes.
+4. **Phase B (cold scan).** The same, while ``--scanners`` clients (one process, one
+   connection each) read ``history`` with ``diff`` at ``--limit`` (the server's largest,
+   1000) as fast as they can. Scanner k starts at seq k*head/n and wraps at the head.
+   Before the phase the history is evicted again, and every ``--evict-every`` seconds
+   during it the scanner process evicts it once more (readahead included) so the scan
+   stays cold. The kernel never evicts pages a process has mapped, and the server keeps
+   sealed segments ``mmap``-ed in an LRU of ``TOPICS_MAX_OPEN_SEGMENT_FILES`` handles
+   (default 256): the script starts the server with ``--open-files`` (default 16), so the
+   segments a scanner has left are unmapped and the eviction reaches them, and a scanner
+   that wraps reads cold again. After the phase the history is evicted once more and the
+   share still resident (mapped, so out of reach) is reported (``--open-files 0`` keeps
+   the server default; then what the scan read stays resident and a second pass is warm).
+5. Optional ``--warm`` phase W: the history files are read into the page cache first and
+   the scan runs without eviction: the share of B/A that is the scan's CPU, not its I/O.
+
+``--rounds R`` alternates A, B (, W) R times; each phase's samples are pooled over the
+rounds. The verdict: p99(B) / p99(A) <= 1.20 for both write ack and SSE delivery.
+
+Usage::
+
+    .venv/bin/python bench/bench_invariant.py --quick            # smoke run, about 30 s
+    .venv/bin/python bench/bench_invariant.py                    # 2 GB of history, 30 s phases
+    .venv/bin/python bench/bench_invariant.py --data-dir /tmp/inv   # fill once, then reuse
+
+Prints a markdown table and one JSON line; writes everything to ``--json`` (default
+``bench/results/invariant.json``). All processes share the machine's vCPUs (2 on the
+reference machine): the scanners' CPU is taken from the server and from the live clients.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import datetime
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import uvloop
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from _client import (  # noqa: E402
+    AsyncConn,
+    SSEParser,
+    SyncConn,
+    build_request,
+    proc_cpu_s,
+    summarize,
+    system_busy_s,
+)
+
+THRESHOLD = 1.20
+HISTORY = "history"
+LIVE = "live"
+GB = 1_000_000_000
+
+
+# -- page cache -----------------------------------------------------------------------
+def segment_files(data_dir: Path, topic_dir: Path | None = None) -> list[Path]:
+    """The `.data` and `.idx` files of one topic directory (or of all, when None)."""
+    dirs = [topic_dir] if topic_dir else sorted((data_dir / "topics").glob("*"))
+    return sorted(p for d in dirs for p in d.glob("seg-*") if p.suffix in (".data", ".idx"))
+
+
+def history_dir(data_dir: Path) -> Path:
+    """The topic directory holding the most segment bytes: the history, by far."""
+    dirs = [d for d in (data_dir / "topics").glob("*") if d.is_dir()]
+    if not dirs:
+        raise RuntimeError(f"no topic directories under {data_dir / 'topics'}")
+    return max(dirs, key=lambda d: sum(p.stat().st_size for p in d.glob("seg-*.data")))
+
+
+def fadvise_dontneed(paths: list[Path]) -> int:
+    """Drop the clean, unmapped cached pages of `paths`; returns the files done."""
+    done = 0
+    for p in paths:
+        with contextlib.suppress(FileNotFoundError):
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                done += 1
+            finally:
+                os.close(fd)
+    return done
+
+
+def drop_caches() -> bool:
+    """`echo 1 > /proc/sys/vm/drop_caches` (root only): True when it worked."""
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1\n")
+        return True
+    except OSError:
+        return False
+
+
+def warm_files(paths: list[Path]) -> int:
+    """Read every file once (into the page cache); returns the bytes read."""
+    total = 0
+    for p in paths:
+        with open(p, "rb", buffering=0) as f:
+            while chunk := f.read(8 << 20):
+                total += len(chunk)
+    return total
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_libc: Any = None
+
+
+def resident_bytes(paths: list[Path]) -> tuple[int, int]:
+    """(bytes in the page cache, total bytes) of `paths`, by `mincore(2)` on a fresh map.
+
+    Mapping a file does not fault its pages in, so this only looks.
+    """
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.mmap.restype = ctypes.c_void_p
+        _libc.mmap.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_long,
+        ]
+        _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    resident = total = 0
+    failed = ctypes.c_void_p(-1).value
+    for p in paths:
+        try:
+            fd = os.open(p, os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        try:
+            size = os.fstat(fd).st_size
+            if size == 0:
+                continue
+            total += size
+            addr = _libc.mmap(None, size, 1, 1, fd, 0)  # PROT_READ, MAP_SHARED
+            if addr in (None, failed):
+                continue
+            try:
+                pages = (size + _PAGE - 1) // _PAGE
+                vec = (ctypes.c_ubyte * pages)()
+                if _libc.mincore(addr, size, vec) == 0:
+                    n = int((np.frombuffer(vec, dtype=np.uint8) & 1).sum())
+                    resident += min(size, n * _PAGE)
+            finally:
+                _libc.munmap(addr, size)
+        finally:
+            os.close(fd)
+    return resident, total
+
+
+def evict(paths: list[Path], use_drop_caches: bool) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    files = fadvise_dontneed(paths)
+    dropped = drop_caches() if use_drop_caches else False
+    res, total = resident_bytes(paths)
+    return {
+        "fadvise_files": files,
+        "drop_caches": dropped,
+        "seconds": round(time.perf_counter() - t0, 3),
+        "resident_after": round(res / total, 4) if total else None,
+    }
+
+
+# -- the server process -------------------------------------------------------------------
+class Server:
+    """`python -m topics serve` on 127.0.0.1:0 over a given data dir; stopped by its PID."""
+
+    def __init__(self, data_dir: Path, work: Path, extra_env: dict[str, str]) -> None:
+        self.work = work
+        port_file = work / f"port-{time.monotonic_ns()}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TOPICS_")}
+        env.update(
+            TOPICS_HOST="127.0.0.1",
+            TOPICS_PORT="0",
+            TOPICS_KAFKA_PORT="0",
+            TOPICS_PORT_FILE=str(port_file),
+            TOPICS_DATA_DIR=str(data_dir),
+        )
+        env.update(extra_env)
+        self.log_path = work / "server.log"
+        self.log = open(self.log_path, "ab")  # closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "topics", "serve"],
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
+        deadline = time.monotonic() + 300
+        while True:
+            if self.proc.poll() is not None:
+                self.log.close()
+                raise RuntimeError(f"server exited early:\n{self.log_path.read_text()[-3000:]}")
+            text = port_file.read_text().strip() if port_file.exists() else ""
+            if text:
+                host, _, port = text.rpartition(":")
+                self.host, self.port = host, int(port)
+                if self._ready():
+                    return
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("server did not become ready in 300 s")
+            time.sleep(0.05)
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.host}:{self.port}/readyz", timeout=5) as r:
+                return bool(r.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def request(self, method: str, path: str, body: bytes | None = None) -> bytes:
+        return build_request(method, path, body, host=f"{self.host}:{self.port}")
+
+    def json(self, method: str, path: str, body: Any = None) -> Any:
+        conn = SyncConn(self.host, self.port)
+        try:
+            raw = None if body is None else orjson.dumps(body)
+            st, b = conn.roundtrip(self.request(method, path, raw))
+        finally:
+            conn.close()
+        if st not in (200, 201):
+            raise RuntimeError(f"{method} {path}: {st} {b[:200]!r}")
+        return orjson.loads(b)
+
+    def metrics(self) -> dict[str, Any]:
+        req = urllib.request.Request(
+            f"{self.url}/v0/metrics", headers={"Accept": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return dict(orjson.loads(r.read()))
+
+    def stop(self) -> float:
+        """SIGTERM (a graceful stop checkpoints everything), wait; the seconds it took."""
+        t0 = time.perf_counter()
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(600)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self.log.close()
+        return round(time.perf_counter() - t0, 2)
+
+
+# -- fill -------------------------------------------------------------------------------------
+async def _fill(srv: Server, topic: str, records: int, record_bytes: int) -> dict[str, Any]:
+    batch = 1000
+    data = b'"' + b"h" * max(0, record_bytes - 2) + b'"'
+    body = b'{"records":[' + b",".join([b'{"data":' + data + b"}"] * batch) + b"]}"
+    req = srv.request("POST", f"/v0/topics/{topic}", body)
+    pool = [await AsyncConn.open(srv.host, srv.port) for _ in range(4)]
+    total_batches = (records + batch - 1) // batch
+    remaining = total_batches
+    t0 = time.perf_counter()
+    last = t0
+
+    async def worker(c: AsyncConn) -> None:
+        nonlocal remaining, last
+        while remaining > 0:
+            remaining -= 1
+            st, b = await c.roundtrip(req)
+            if st not in (200, 201):
+                raise RuntimeError(f"fill write: {st} {b[:200]!r}")
+            now = time.perf_counter()
+            if now - last > 5:
+                last = now
+                done = (total_batches - remaining) * batch
+                print(
+                    f"  fill: {done:,} / {total_batches * batch:,} records "
+                    f"({done * record_bytes / (now - t0) / 1e6:.0f} MB/s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+    await asyncio.gather(*(worker(c) for c in pool))
+    for c in pool:
+        c.close()
+    wall = time.perf_counter() - t0
+    n = total_batches * batch
+    return {
+        "records": n,
+        "wall_s": round(wall, 2),
+        "records_per_s": round(n / wall),
+        "mb_per_s": round(n * record_bytes / wall / 1e6, 1),
+    }
+
+
+# -- the SSE subscriber (child process) ------------------------------------------------------
+class _Stream(asyncio.Protocol):
+    """Keeps every received chunk with its arrival time; parsing happens afterwards."""
+
+    def __init__(self) -> None:
+        self.transport: Any = None
+        self.chunks: list[tuple[int, bytes]] = []
+        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.seen = b""
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.chunks.append((time.monotonic_ns(), data))
+        if not self.ready.done():
+            self.seen += data
+            if b"retry:" in self.seen:
+                self.ready.set_result(None)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if not self.ready.done():
+            self.ready.set_exception(exc or ConnectionError("stream closed before it started"))
+
+
+def _stdin_lines(loop: asyncio.AbstractEventLoop) -> asyncio.Queue[str]:
+    """Lines of fd 0 as an asyncio queue (the parent's commands); "" at EOF."""
+    q: asyncio.Queue[str] = asyncio.Queue()
+    buf = bytearray()
+
+    def on_stdin() -> None:
+        data = os.read(0, 4096)
+        if not data:
+            loop.remove_reader(0)
+            q.put_nowait("")
+            return
+        buf.extend(data)
+        while (k := buf.find(b"\n")) >= 0:
+            q.put_nowait(buf[:k].decode().strip())
+            del buf[: k + 1]
+
+    loop.add_reader(0, on_stdin)
+    return q
+
+
+def _say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+async def _watcher_main(host: str, port: int, topic: str, out: Path) -> None:
+    loop = asyncio.get_running_loop()
+    hostport = f"{host}:{port}"
+    ctl = await AsyncConn.open(host, port)
+    create = build_request(
+        "POST", "/v0/watch", orjson.dumps({"topics": {topic: {"tail": True}}}), host=hostport
+    )
+    st, b = await ctl.roundtrip(create)
+    if st != 200:
+        raise RuntimeError(f"POST /v0/watch: {st} {b[:200]!r}")
+    url = orjson.loads(b)["stream_url"]
+    transport, stream = await loop.create_connection(_Stream, host, port)
+    transport.write(
+        build_request("GET", url, headers=[("Accept", "text/event-stream")], host=hostport)
+    )
+    await asyncio.wait_for(stream.ready, 60)
+    commands = _stdin_lines(loop)
+    _say("READY")
+    while await commands.get() not in ("STOP", ""):
+        pass
+    transport.close()
+    ctl.close()
+    deliveries: list[tuple[int, int]] = []  # (record index, latency ns)
+    parser = SSEParser()
+    for ns, data in stream.chunks:
+        for event, line in parser.feed(data):
+            if event != b"record":
+                continue
+            for rec in orjson.loads(line)["records"]:
+                d = rec.get("data")
+                if isinstance(d, dict) and "t" in d:
+                    deliveries.append((d["i"], ns - d["t"]))
+    out.write_bytes(orjson.dumps({"deliveries": deliveries}))
+
+
+# -- the scanners (child process) -------------------------------------------------------------
+async def _scanner_main(
+    host: str,
+    port: int,
+    topic: str,
+    head: int,
+    n: int,
+    limit: int,
+    evict_paths: list[Path],
+    evict_every: float,
+) -> None:
+    loop = asyncio.get_running_loop()
+    prefix = (
+        f"POST /v0/topics/{topic}/diff HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        "Content-Type: application/json\r\n"
+    ).encode()
+    cursors = [k * head // n for k in range(n)]
+    commands = _stdin_lines(loop)
+    clock = time.perf_counter_ns
+    _say("READY")
+
+    async def cycle(cold: bool) -> dict[str, Any]:
+        """One scan phase: from START to STOP; returns its figures."""
+        running = True
+        stats = {"requests": 0, "records": 0, "bytes": 0, "wraps": 0, "errors": 0}
+        lat: list[int] = []
+        evictions: list[float] = []
+
+        async def evict_now() -> None:
+            t = time.perf_counter()
+            await asyncio.to_thread(fadvise_dontneed, evict_paths)
+            evictions.append(time.perf_counter() - t)
+
+        async def scan(k: int, c: AsyncConn) -> None:
+            while running:
+                cur = cursors[k]
+                body = b'{"from_seq":%d,"limit":%d}' % (cur, limit)
+                t0 = clock()
+                st, b = await c.roundtrip(prefix + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+                dt = clock() - t0
+                if st != 200:
+                    stats["errors"] += 1
+                    if stats["errors"] > 100:
+                        raise RuntimeError(f"diff: {st} {b[:200]!r}")
+                    continue
+                # the cursor fields follow the records array: the last occurrence is theirs
+                j = b.rfind(b'"next_from_seq":') + 16
+                nxt = int(b[j : b.index(b",", j)])
+                stats["requests"] += 1
+                stats["records"] += max(0, nxt - cur)
+                stats["bytes"] += len(b)
+                lat.append(dt)
+                if nxt >= head or nxt == cur:
+                    stats["wraps"] += 1
+                    nxt = 0
+                cursors[k] = nxt
+
+        async def evictor() -> None:
+            while True:
+                await asyncio.sleep(evict_every)
+                await evict_now()
+
+        if cold:
+            await evict_now()
+        # new connections per phase: the server closes one whose first request head has
+        # not arrived within TOPICS_HTTP_HEADER_TIMEOUT_MS (10 s) of its opening
+        pool = [await AsyncConn.open(host, port) for _ in range(n)]
+        t_start = time.perf_counter()
+        tasks = [asyncio.create_task(scan(k, c)) for k, c in enumerate(pool)]
+        ev = asyncio.create_task(evictor()) if cold else None
+        _say("STARTED")
+        while await commands.get() not in ("STOP", ""):
+            pass
+        running = False
+        wall = time.perf_counter() - t_start
+        if ev is not None:
+            ev.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ev
+        await asyncio.gather(*tasks)
+        for c in pool:
+            c.close()
+        s = summarize(lat, 1e6)
+        return {
+            **stats,
+            "wall_s": round(wall, 3),
+            "records_per_s": round(stats["records"] / wall),
+            "mb_per_s": round(stats["bytes"] / wall / 1e6, 1),
+            "req_p50_ms": s.get("p50"),
+            "req_p99_ms": s.get("p99"),
+            "req_max_ms": s.get("max"),
+            "evictions": len(evictions),
+            "evict_s_max": round(max(evictions), 4) if evictions else None,
+            "cursors": list(cursors),
+        }
+
+    while (cmd := await commands.get()) not in ("EXIT", ""):
+        if cmd.startswith("START"):
+            _say(json.dumps(await cycle(cold=cmd.split()[1:] != ["warm"])))
+
+
+# -- the live writer (this process) --------------------------------------------------------------
+class Live:
+    """One keep-alive connection writing one record at a time to `live` at a fixed rate."""
+
+    def __init__(self, srv: Server, rate: float) -> None:
+        self.srv = srv
+        self.conn = SyncConn(srv.host, srv.port)
+        self.interval = 1.0 / rate
+        self.prefix = (
+            f"POST /v0/topics/{LIVE} HTTP/1.1\r\nHost: {srv.host}:{srv.port}\r\n"
+            "Content-Type: application/json\r\n"
+        ).encode()
+        self.next_i = 0
+
+    def write(self, i: int) -> tuple[int, int]:
+        t = time.monotonic_ns()
+        head = b'{"t":%d,"i":%d,"p":"' % (t, i)
+        data = head + b"y" * max(0, 64 - len(head) - 2) + b'"}'
+        body = b'{"records":[{"data":' + data + b"}]}"
+        self.conn.sock.sendall(self.prefix + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        st, b = self.conn.read_response()
+        return st, time.monotonic_ns() - t
+
+    def run(self, seconds: float, counted: bool = True) -> dict[str, Any]:
+        """Write on a fixed schedule for `seconds` of wall time; indices and ack latencies.
+
+        One request at a time: a write due while the previous one is still out goes
+        as soon as that one is answered (`from_schedule` adds that slip to its ack).
+        """
+        base = self.next_i if counted else -1_000_000 - self.next_i
+        acks: list[int] = []
+        late: list[int] = []  # schedule slip + ack: what a client on the schedule sees
+        errors = 0
+        start = time.perf_counter()
+        end = start + seconds
+        k = 0
+        while True:
+            due = start + k * self.interval
+            if due >= end:
+                break
+            delay = due - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            slip = max(0.0, time.perf_counter() - due)
+            st, ns = self.write(base + k)
+            if st != 200:
+                errors += 1
+            acks.append(ns)
+            late.append(ns + int(slip * 1e9))
+            k += 1
+            if time.perf_counter() >= end:
+                break
+        if counted:
+            self.next_i += k
+        return {"i0": base, "i1": base + k, "acks": acks, "from_schedule": late, "errors": errors}
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class Meter:
+    """CPU seconds of the server, of our processes and of everything else over a window."""
+
+    def __init__(self, server_pid: int, pids: tuple[int, ...]) -> None:
+        self.server_pid, self.pids = server_pid, pids
+
+    def _ours(self) -> float:
+        return time.process_time() + sum(proc_cpu_s(p) or 0.0 for p in self.pids)
+
+    def start(self) -> Meter:
+        self.t0 = time.perf_counter()
+        self.s0, self.c0, self.b0 = proc_cpu_s(self.server_pid), self._ours(), system_busy_s()
+        return self
+
+    def stop(self) -> dict[str, float]:
+        wall = time.perf_counter() - self.t0
+        server = (proc_cpu_s(self.server_pid) or 0.0) - (self.s0 or 0.0)
+        client = self._ours() - self.c0
+        others = system_busy_s() - self.b0 - server - client
+        return {
+            "wall_s": round(wall, 3),
+            "server_cores": round(server / wall, 3),
+            "client_cores": round(client / wall, 3),
+            "others_cores": round(max(0.0, others) / wall, 3),
+        }
+
+
+class Child:
+    """A child process of this script speaking the line protocol on stdin/stdout."""
+
+    def __init__(self, args: list[str]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        self.expect("READY")
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line.encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def readline(self) -> str:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().decode().strip()
+        if not line:
+            raise RuntimeError(f"child {self.proc.args[2:4]} ended (exit {self.proc.poll()})")
+        return line
+
+    def expect(self, word: str) -> None:
+        line = self.readline()
+        if line != word:
+            raise RuntimeError(f"child said {line!r}, expected {word!r}")
+
+    def finish(self, line: str, timeout: float = 300) -> int:
+        with contextlib.suppress(BrokenPipeError):
+            self.send(line)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return -9
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+# -- orchestration -------------------------------------------------------------------------------
+def ms(values: list[int]) -> dict[str, float]:
+    """Nanosecond samples as milliseconds (µs resolution)."""
+    s = summarize(values)  # µs, one decimal
+    return {k: (s[k] if k == "n" else round(s[k] / 1e3, 4)) for k in s}
+
+
+def ratio(b: float | None, a: float | None) -> float | None:
+    if not a or b is None:
+        return None
+    return round(b / a, 3)
+
+
+def environment() -> dict[str, Any]:
+    rev = ""
+    with contextlib.suppress(Exception):
+        rev = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+    return {
+        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "git_rev": rev,
+        "root": os.geteuid() == 0,
+        "loadavg_at_start": os.getloadavg(),
+    }
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    data_dir = Path(args.data_dir) if args.data_dir else work / "data"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    env = {"TOPICS_CHECKPOINT_INTERVAL_MS": str(args.checkpoint_ms)}
+    if args.open_files:
+        env["TOPICS_MAX_OPEN_SEGMENT_FILES"] = str(args.open_files)
+    use_drop = not args.no_drop_caches and os.geteuid() == 0
+    report: dict[str, Any] = {"data_dir": str(data_dir)}
+    want = max(1000, args.history_bytes // args.record_bytes)
+
+    # 1. fill (or reuse a filled data dir)
+    srv = Server(data_dir, work, env)
+    try:
+        have = 0
+        with contextlib.suppress(RuntimeError):
+            have = int(srv.json("GET", f"/v0/topics/{HISTORY}?touch=false")["head_seq"])
+        if have < want:
+            if have == 0:
+                srv.json("PUT", f"/v0/topics/{HISTORY}", {"durability": "disk"})
+            log(f"fill: {want - have:,} records of {args.record_bytes} B into {HISTORY} ...")
+            report["fill"] = uvloop.run(_fill(srv, HISTORY, want - have, args.record_bytes))
+            log(f"  {report['fill']}")
+        else:
+            log(f"reusing {have:,} records of {HISTORY} in {data_dir}")
+            report["fill"] = {"reused_records": have}
+        srv.json("PUT", f"/v0/topics/{LIVE}", {"durability": args.durability})
+    finally:
+        report["stop_after_fill_s"] = srv.stop()
+    log(f"server stopped (final checkpoint) in {report['stop_after_fill_s']} s")
+
+    # 2. cold start
+    hdir = history_dir(data_dir)
+    paths = segment_files(data_dir, hdir)
+    data_bytes = sum(p.stat().st_size for p in paths if p.suffix == ".data")
+    report["history_segments"] = {
+        "dir": hdir.name,
+        "segment_files": len([p for p in paths if p.suffix == ".data"]),
+        "data_bytes": data_bytes,
+        "idx_bytes": sum(p.stat().st_size for p in paths if p.suffix == ".idx"),
+    }
+    log(f"history: {report['history_segments']}")
+    srv = Server(data_dir, work, env)
+    children: list[Child] = []
+    live: Live | None = None
+    try:
+        head = int(srv.json("GET", f"/v0/topics/{HISTORY}?touch=false")["head_seq"])
+        st = srv.metrics().get("storage", {})
+        report["after_restart"] = {
+            "history_head_seq": head,
+            "chunk_bytes": st.get("chunk_bytes"),
+            "segments": st.get("segments"),
+            "recovery": st.get("recovery"),
+        }
+        if data_bytes < 0.9 * head * args.record_bytes:
+            raise RuntimeError(
+                f"only {data_bytes:,} B of history in segments for {head:,} records: "
+                "not checkpointed?"
+            )
+        report["evict_initial"] = evict(paths, use_drop)
+        log(f"evicted: {report['evict_initial']}")
+
+        out = work / "deliveries.json"
+        watcher = Child(["--_role", "watcher", "--_url", srv.url, "--_out", str(out)])
+        children.append(watcher)
+        scanner = Child(
+            [
+                "--_role",
+                "scanner",
+                "--_url",
+                srv.url,
+                "--_head",
+                str(head),
+                "--scanners",
+                str(args.scanners),
+                "--limit",
+                str(args.limit),
+                "--evict-every",
+                str(args.evict_every),
+                "--_evict_dir",
+                str(hdir),
+            ]
+        )
+        children.append(scanner)
+        pids = (watcher.pid, scanner.pid)
+        live = Live(srv, args.rate)
+        live.run(args.warmup, counted=False)  # warm-up records: negative indices
+
+        phases: list[dict[str, Any]] = []
+        names = ["A", "B", *(["W"] if args.warm else [])]
+        for rnd in range(1, args.rounds + 1):
+            for name in names:
+                ph: dict[str, Any] = {"phase": name, "round": rnd}
+                if name == "B":
+                    ph["evict"] = evict(paths, use_drop)
+                    scanner.send("START cold")
+                    scanner.expect("STARTED")
+                elif name == "W":
+                    t = time.perf_counter()
+                    warm_files(paths)
+                    res, tot = resident_bytes(paths)
+                    ph["prewarm"] = {
+                        "seconds": round(time.perf_counter() - t, 2),
+                        "resident": round(res / tot, 4) if tot else None,
+                    }
+                    scanner.send("START warm")
+                    scanner.expect("STARTED")
+                log(f"round {rnd}: phase {name} ({args.seconds} s) ...")
+                meter = Meter(srv.pid, pids).start()
+                ph.update(live.run(args.seconds))
+                ph["cpu"] = meter.stop()
+                if name in ("B", "W"):
+                    scanner.send("STOP")
+                    ph["scan"] = json.loads(scanner.readline())
+                    if name == "B":  # what is left now cannot be evicted: mapped pages
+                        fadvise_dontneed(paths)
+                    res, tot = resident_bytes(paths)
+                    ph["resident_after"] = round(res / tot, 4) if tot else None
+                    time.sleep(0.5)  # let the last scan responses drain
+                phases.append(ph)
+        time.sleep(0.5)  # the last deliveries
+        watcher.finish("STOP")
+        scanner.finish("EXIT")
+        deliveries = orjson.loads(out.read_bytes())["deliveries"]
+    finally:
+        if live is not None:
+            live.close()
+        for c in children:
+            c.kill()
+        report["server_stop_s"] = srv.stop()
+
+    # 3. per phase: pool the rounds
+    by_i = dict(deliveries)  # record index -> latency (one subscriber, one delivery each)
+    out_phases: dict[str, Any] = {}
+    for name in names:
+        rounds = [p for p in phases if p["phase"] == name]
+        acks = [ns for p in rounds for ns in p["acks"]]
+        sched = [ns for p in rounds for ns in p["from_schedule"]]
+        idx = [i for p in rounds for i in range(p["i0"], p["i1"])]
+        sse = [by_i[i] for i in idx if i in by_i]
+        entry: dict[str, Any] = {
+            "writes": len(acks),
+            "writes_due": round(len(rounds) * args.seconds * args.rate),
+            "write_errors": sum(p["errors"] for p in rounds),
+            "write_ack_ms": ms(acks),
+            "write_ack_from_schedule_ms": ms(sched),
+            "sse_deliveries": len(sse),
+            "sse_ms": ms(sse),
+            "cpu": [p["cpu"] for p in rounds],
+        }
+        if name != "A":
+            scans = [p["scan"] for p in rounds]
+            wall = sum(s["wall_s"] for s in scans)
+            entry["scan"] = {
+                "records": sum(s["records"] for s in scans),
+                "bytes": sum(s["bytes"] for s in scans),
+                "records_per_s": round(sum(s["records"] for s in scans) / wall) if wall else 0,
+                "mb_per_s": round(sum(s["bytes"] for s in scans) / wall / 1e6, 1) if wall else 0,
+                "wraps": sum(s["wraps"] for s in scans),
+                "errors": sum(s["errors"] for s in scans),
+                "rounds": scans,
+            }
+            entry["resident_after"] = [p.get("resident_after") for p in rounds]
+            if name == "B":
+                entry["evict"] = [p["evict"] for p in rounds]
+            else:
+                entry["prewarm"] = [p["prewarm"] for p in rounds]
+        out_phases[name] = entry
+    report["phases"] = out_phases
+    a, b = out_phases["A"], out_phases["B"]
+    report["ratios"] = {
+        "write_ack_p99": ratio(b["write_ack_ms"].get("p99"), a["write_ack_ms"].get("p99")),
+        "sse_p99": ratio(b["sse_ms"].get("p99"), a["sse_ms"].get("p99")),
+    }
+    if "W" in out_phases:
+        w = out_phases["W"]
+        report["ratios"]["warm_write_ack_p99"] = ratio(
+            w["write_ack_ms"].get("p99"), a["write_ack_ms"].get("p99")
+        )
+        report["ratios"]["warm_sse_p99"] = ratio(w["sse_ms"].get("p99"), a["sse_ms"].get("p99"))
+    ok = all(
+        r is not None and r <= THRESHOLD
+        for r in (report["ratios"]["write_ack_p99"], report["ratios"]["sse_p99"])
+    )
+    report["verdict"] = "PASS" if ok else "FAIL"
+    report["eviction_method"] = "posix_fadvise(DONTNEED)" + (
+        " + drop_caches" if report["evict_initial"]["drop_caches"] else ""
+    )
+    return report
+
+
+def fmt(v: Any, digits: int = 2) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, int | float):
+        return f"{v:,.{digits}f}"
+    return str(v)
+
+
+def table(report: dict[str, Any], args: argparse.Namespace) -> str:
+    ph = report["phases"]
+    cols = [n for n in ("A", "B", "W") if n in ph]
+    label = {"A": "A: baseline", "B": "B: cold scan", "W": "W: warm scan"}
+    hs = report["history_segments"]
+    out = [
+        f"### Cold history scan vs live traffic ({args.scanners} scanner(s), "
+        f"{hs['data_bytes'] / GB:.2f} GB of history in {hs['segment_files']} segments, "
+        f"{args.rounds} x {args.seconds:g} s per phase, live writes {args.rate:g}/s "
+        f"({args.durability}))\n",
+        "| metric | " + " | ".join(label[c] for c in cols) + " | B/A |",
+        "|---|" + "---|" * (len(cols) + 1),
+    ]
+
+    def row(name: str, get: Any, digits: int = 2, rat: bool = False) -> None:
+        vals = [get(ph[c]) for c in cols]
+        r = fmt(ratio(vals[1], vals[0]), 2) if rat else ""
+        out.append(f"| {name} | " + " | ".join(fmt(v, digits) for v in vals) + f" | {r} |")
+
+    for key, title in (("write_ack_ms", "write ack"), ("sse_ms", "SSE delivery")):
+        row(f"{title} p50 ms", lambda p, k=key: p[k].get("p50"), 3)
+        row(f"**{title} p99 ms**", lambda p, k=key: p[k].get("p99"), 3, rat=True)
+        row(f"{title} max ms", lambda p, k=key: p[k].get("max"), 3)
+    row(
+        "write ack p99 from schedule ms",
+        lambda p: p["write_ack_from_schedule_ms"].get("p99"),
+        3,
+        rat=True,
+    )
+    out.append(
+        "| writes due / acked / SSE delivered | "
+        + " | ".join(
+            f"{ph[c]['writes_due']:,} / {ph[c]['writes']:,} / {ph[c]['sse_deliveries']:,}"
+            for c in cols
+        )
+        + " | |"
+    )
+    row("scan records/s", lambda p: p.get("scan", {}).get("records_per_s"), 0)
+    row("scan MB/s", lambda p: p.get("scan", {}).get("mb_per_s"), 1)
+    row("scan wraps", lambda p: p.get("scan", {}).get("wraps"), 0)
+    row(
+        "history resident after phase (B: evicted once more)",
+        lambda p: (p.get("resident_after") or [None])[-1],
+        3,
+    )
+    for key, title in (
+        ("server_cores", "server cores"),
+        ("client_cores", "bench cores"),
+        ("others_cores", "others' cores"),
+    ):
+        row(title, lambda p, k=key: max(c[k] for c in p["cpu"]), 2)
+    r = report["ratios"]
+    ev = report["evict_initial"]
+    out.append(
+        f"\nEviction: {report['eviction_method']}; history resident after the first "
+        f"eviction: {fmt(ev['resident_after'], 3)}. CPU rows are the largest of the rounds."
+    )
+    out.append(
+        "A write that falls due while the previous one is out waits for it: fewer writes than "
+        "due means the writer fell behind, and 'from schedule' adds that wait to the ack."
+    )
+    out.append(
+        f"Invariant p99(B)/p99(A) <= {THRESHOLD:.2f}: write ack {fmt(r['write_ack_p99'])}, "
+        f"SSE {fmt(r['sse_p99'])}: **{report['verdict']}**"
+    )
+    resident = (ph["B"].get("resident_after") or [0.0])[-1] or 0.0
+    if ph["B"]["scan"]["wraps"] and resident > 0.5:
+        out.append(
+            f"Note: a scanner wrapped and {resident:.0%} of the history was resident after "
+            "phase B: pages the server still has mapped are never evicted, so part of the "
+            "scan was warm. Use a larger --history-bytes or a smaller --open-files."
+        )
+    return "\n".join(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 200 MB of history, 5 s phases, --open-files 4",
+    )
+    ap.add_argument("--seconds", type=float, help="length of each phase (default 30, quick 5)")
+    ap.add_argument(
+        "--history-bytes",
+        type=float,
+        help="record data to fill the history with (default 2e9, quick 2e8)",
+    )
+    ap.add_argument("--record-bytes", type=int, default=1024, help="history record data size")
+    ap.add_argument("--scanners", type=int, default=2, help="concurrent scanners (1-4)")
+    ap.add_argument(
+        "--durability",
+        choices=["ephemeral", "memory", "disk", "fsync"],
+        default="fsync",
+        help="durability class of the live topic (default fsync)",
+    )
+    ap.add_argument("--rate", type=float, default=200.0, help="live writes per second")
+    ap.add_argument("--limit", type=int, default=1000, help="diff page size of the scanners")
+    ap.add_argument("--rounds", type=int, default=1, help="A/B alternations, pooled")
+    ap.add_argument("--warm", action="store_true", help="add phase W (scan on a warm cache)")
+    ap.add_argument("--warmup", type=float, default=2.0, help="live warm-up seconds")
+    ap.add_argument("--evict-every", type=float, default=1.0, help="re-eviction period (s)")
+    ap.add_argument("--checkpoint-ms", type=int, default=1000, help="TOPICS_CHECKPOINT_INTERVAL_MS")
+    ap.add_argument(
+        "--open-files",
+        type=int,
+        help="TOPICS_MAX_OPEN_SEGMENT_FILES of the server (default 16, quick 4: segments the "
+        "scan has left are unmapped and can be evicted again; 0 = the server default, 256)",
+    )
+    ap.add_argument("--no-drop-caches", action="store_true", help="never write drop_caches")
+    ap.add_argument(
+        "--data-dir", help="data dir to fill, or reuse when filled, and keep (default: temp)"
+    )
+    ap.add_argument(
+        "--json", type=Path, default=HERE / "results" / "invariant.json", help="output JSON path"
+    )
+    ap.add_argument("--_role", choices=["watcher", "scanner"], help=argparse.SUPPRESS)
+    ap.add_argument("--_url", help=argparse.SUPPRESS)
+    ap.add_argument("--_out", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--_head", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--_evict_dir", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    if args._role:
+        host, _, port = args._url.removeprefix("http://").rpartition(":")
+        if args._role == "watcher":
+            uvloop.run(_watcher_main(host, int(port), LIVE, args._out))
+        else:
+            files = segment_files(Path(), args._evict_dir)
+            uvloop.run(
+                _scanner_main(
+                    host,
+                    int(port),
+                    HISTORY,
+                    args._head,
+                    args.scanners,
+                    args.limit,
+                    files,
+                    args.evict_every,
+                )
+            )
+        return 0
+
+    if args.seconds is None:
+        args.seconds = 5.0 if args.quick else 30.0
+    if args.open_files is None:
+        args.open_files = 4 if args.quick else 16
+    if args.history_bytes is None:
+        args.history_bytes = 2e8 if args.quick else 2e9
+    args.history_bytes = int(args.history_bytes)
+    if not 1 <= args.scanners <= 16:
+        ap.error("--scanners must be 1-16")
+    env = environment()
+    print(
+        f"# cold-read invariant ({'quick' if args.quick else 'full'}; "
+        f"{args.history_bytes / GB:.2f} GB history, {args.scanners} scanner(s))",
+        file=sys.stderr,
+    )
+    work = Path(tempfile.mkdtemp(prefix="bench-invariant-"))
+    try:
+        report = run(args, work)
+    except BaseException:
+        log_path = work / "server.log"
+        if log_path.exists():
+            lines = [x for x in log_path.read_text().splitlines() if "topics.checkpoint" not in x]
+            print(
+                "server log (checkpoint lines left out):", *lines[-30:], sep="\n", file=sys.stderr
+            )
+        raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # the temp data dir too; --data-dir stays
+    params = {
+        k: getattr(args, k)
+        for k in (
+            "quick",
+            "seconds",
+            "history_bytes",
+            "record_bytes",
+            "scanners",
+            "durability",
+            "rate",
+            "limit",
+            "rounds",
+            "warm",
+            "evict_every",
+            "checkpoint_ms",
+            "open_files",
+        )
+    }
+    full = {"environment": env, "params": params, **report}
+    print(table(report, args))
+    summary = {
+        "verdict": report["verdict"],
+        "threshold": THRESHOLD,
+        "ratios": report["ratios"],
+        **{
+            f"{name}_{key}": {
+                "p50": report["phases"][name][key].get("p50"),
+                "p99": report["phases"][name][key].get("p99"),
+                "max": report["phases"][name][key].get("max"),
+            }
+            for name in report["phases"]
+            for key in ("write_ack_ms", "sse_ms")
+        },
+        "scan_records_per_s": report["phases"]["B"]["scan"]["records_per_s"],
+        "scan_mb_per_s": report["phases"]["B"]["scan"]["mb_per_s"],
+        "eviction": report["eviction_method"],
+        "git_rev": env["git_rev"][:12],
+    }
+    print(json.dumps(summary))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(full, indent=2) + "\n")
+    print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

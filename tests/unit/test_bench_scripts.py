@@ -1,0 +1,168 @@
+"""Smoke tests of bench/bench_invariant.py and bench/compare_revs.py.
+
+The unit tests check the scripts' own logic (which metric is worse, pooling, page-cache
+helpers). The e2e ones run each script once at its smallest size and check the shape of
+what it writes: no number is asserted, performance is measured side by side, never here.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench"
+sys.path.insert(0, str(BENCH))
+
+import bench_invariant  # noqa: E402
+import compare_revs  # noqa: E402
+
+
+def _run(phase: str, **fields: object) -> dict[str, object]:
+    return {phase: fields}
+
+
+def test_compare_flags_only_what_got_worse_by_more_than_the_threshold() -> None:
+    before = {
+        "write_ack": [_run("write_ack", p50_us=100.0, p99_us=200.0)],
+        "batched": [_run("batched", records_per_s=100_000, req_p99_ms=10.0)],
+    }
+    after = {
+        "write_ack": [_run("write_ack", p50_us=104.0, p99_us=230.0)],
+        "batched": [_run("batched", records_per_s=94_000, req_p99_ms=9.0)],
+    }
+    rows = compare_revs.compare(["write_ack", "batched"], before, after, 0.05)
+    got = {r["metric"]: (r["ratio"], r["slower"]) for r in rows}
+    assert got == {
+        "p50 µs": (1.04, False),
+        "p99 µs": (1.15, True),
+        "records/s": (0.94, True),  # 6% less throughput
+        "request p99 ms": (0.9, False),
+    }
+
+
+def test_compare_takes_medians_and_expands_every_level() -> None:
+    def diff(n: int) -> dict[str, object]:
+        return {"diff": {"1": {"records_per_s": n}, "1000": {"records_per_s": 10 * n}}}
+
+    before = {"diff": [diff(10), diff(30), diff(20)]}
+    after = {"diff": [diff(20), diff(20), diff(40)]}
+    rows = compare_revs.compare(["diff"], before, after, 0.05)
+    assert [(r["metric"], r["before"], r["after"]) for r in rows] == [
+        ("limit 1 records/s", 20, 20),
+        ("limit 1000 records/s", 200, 200),
+    ]
+    assert not any(r["slower"] for r in rows)
+    missing = compare_revs.compare(["sse"], {"sse": []}, {"sse": []}, 0.05)
+    assert missing == []
+
+
+def test_compare_refuses_options_it_sets_itself(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [sys.executable, str(BENCH / "compare_revs.py"), "--before", "HEAD", "--", "--repeat", "2"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 2 and "--repeat" in r.stderr
+
+
+def test_invariant_helpers(tmp_path: Path) -> None:
+    f = tmp_path / "seg-0000000000000001.data"
+    f.write_bytes(b"x" * 100_000)
+    (tmp_path / "seg-0000000000000001.idx").write_bytes(b"i" * 40)
+    (tmp_path / "other.log").write_bytes(b"z")
+    paths = bench_invariant.segment_files(tmp_path, tmp_path)
+    assert [p.name for p in paths] == [
+        "seg-0000000000000001.data",
+        "seg-0000000000000001.idx",
+    ]
+    assert bench_invariant.warm_files(paths) == 100_040
+    resident, total = bench_invariant.resident_bytes(paths)
+    assert total == 100_040 and 0 < resident <= total
+    assert bench_invariant.fadvise_dontneed(paths) == 2  # eviction itself is the kernel's call
+    assert bench_invariant.ms([1_000_000, 2_000_000, 3_500_000])["max"] == 3.5
+    assert bench_invariant.ratio(3.0, 2.0) == 1.5 and bench_invariant.ratio(1.0, 0.0) is None
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_bench_invariant_smallest_run(tmp_path: Path) -> None:
+    out = tmp_path / "inv.json"
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "bench_invariant.py"),
+            "--history-bytes",
+            "2e7",
+            "--seconds",
+            "1",
+            "--warmup",
+            "0.5",
+            "--rate",
+            "50",
+            "--scanners",
+            "1",
+            "--warm",
+            "--no-drop-caches",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    line = json.loads(r.stdout.strip().splitlines()[-1])
+    assert line["verdict"] in ("PASS", "FAIL")
+    report = json.loads(out.read_text())
+    assert report["history_segments"]["segment_files"] >= 1
+    assert report["after_restart"]["history_head_seq"] >= 19_000
+    for name in ("A", "B", "W"):
+        ph = report["phases"][name]
+        assert ph["writes"] > 0 and ph["write_errors"] == 0
+        assert ph["sse_deliveries"] == ph["writes"]
+    assert report["phases"]["B"]["scan"]["records"] > 0
+    assert report["phases"]["B"]["scan"]["errors"] == 0
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_compare_revs_smallest_run(tmp_path: Path) -> None:
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("needs a git checkout")
+    out = tmp_path / "cmp.json"
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "compare_revs.py"),
+            "--before",
+            "HEAD",
+            "--after",
+            str(ROOT),
+            "--rounds",
+            "1",
+            "--only",
+            "write_ack",
+            "--json",
+            str(out),
+            "--",
+            "--quick",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["trees"]["before"]["exported"] and not report["trees"]["after"]["exported"]
+    assert report["trees"]["before"]["imports"].startswith(report["trees"]["before"]["path"])
+    assert [row["metric"] for row in report["rows"]] == ["p50 µs", "p99 µs"]
+    assert all(row["before"] and row["after"] for row in report["rows"])
