@@ -13,12 +13,19 @@ the three length fields are the last 8 header bytes in both. Sources whose bytes
 come from disk set `verify`: each frame read is checked (length prefix, seq,
 XXH3-64) and a mismatch raises :class:`FrameCorrupt` (corruption in a
 sealed segment is surfaced, never skipped).
+
+Sources whose reads may block on the disk (`blocking`) are never read on the
+event loop while :data:`read_ahead` is set: a read that needs their bytes raises
+:class:`ColdRead` naming the span, the caller fetches it on a thread
+(`source.fetch`), adds it to the :class:`ReadAhead` and runs the read again
+(docs/ARCHITECTURE.md, "The read path").
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from contextvars import ContextVar
 from typing import Any, Protocol
 
 import orjson
@@ -32,6 +39,10 @@ __all__ = [
     "SEG_HDR",
     "Buf",
     "FrameSource",
+    "ColdRead",
+    "ReadAhead",
+    "read_ahead",
+    "span_of",
     "Chunk",
     "FrameCorrupt",
     "RecordFields",
@@ -68,14 +79,76 @@ class FrameSource(Protocol):
 
     `span(lo, hi)` returns `(buf, base)` such that the bytes at source offsets
     `[lo, hi)` are `buf[lo - base : hi - base]`. Raises OSError or FrameCorrupt
-    when the bytes cannot be read.
+    when the bytes cannot be read. A `blocking` source (a file) also has
+    `fetch(lo, hi) -> bytes`: the same bytes read with its own handle, safe to
+    call from any thread.
     """
 
     hdr: int
     verify: bool
+    blocking: bool
     name: str
 
     def span(self, lo: int, hi: int) -> tuple[Buf, int]: ...
+
+    def fetch(self, lo: int, hi: int) -> bytes: ...
+
+
+class ColdRead(Exception):
+    """A read needs bytes `[lo, hi)` of a blocking `source` that were not fetched ahead.
+
+    Raised only while :data:`read_ahead` is set, before the read changed
+    anything: fetch the span off the loop, add it, and run the read again.
+    """
+
+    def __init__(self, source: FrameSource, lo: int, hi: int) -> None:
+        super().__init__(f"{source.name}: bytes {lo}..{hi} not fetched ahead")
+        self.source = source
+        self.lo = lo
+        self.hi = hi
+
+
+class ReadAhead:
+    """Spans of blocking sources fetched off the loop for one read (bytes, by source)."""
+
+    __slots__ = ("_spans", "nbytes")
+
+    def __init__(self) -> None:
+        self._spans: dict[int, list[tuple[int, bytes]]] = {}
+        self.nbytes = 0
+
+    def add(self, source: FrameSource, lo: int, buf: bytes) -> None:
+        """Keep `buf`, the bytes of `source` starting at offset `lo`."""
+        self._spans.setdefault(id(source), []).append((lo, buf))
+        self.nbytes += len(buf)
+
+    def get(self, source: FrameSource, lo: int, hi: int) -> tuple[bytes, int] | None:
+        """`(buf, base)` covering `[lo, hi)` of `source`, or None when not fetched."""
+        for base, buf in self._spans.get(id(source), ()):
+            if base <= lo and hi <= base + len(buf):
+                return buf, base
+        return None
+
+
+#: Set (to the read's :class:`ReadAhead`) while a read runs on the event loop:
+#: blocking sources are then served from it or raise :class:`ColdRead`.
+read_ahead: ContextVar[ReadAhead | None] = ContextVar("topics_read_ahead", default=None)
+
+
+def span_of(src: FrameSource, lo: int, hi: int) -> tuple[Buf, int]:
+    """`src.span(lo, hi)`, or the bytes fetched ahead when :data:`read_ahead` is set.
+
+    Raises ColdRead when a blocking source's span was not fetched ahead; OSError
+    or FrameCorrupt from the source.
+    """
+    if src.blocking:
+        ahead = read_ahead.get()
+        if ahead is not None:
+            got = ahead.get(src, lo, hi)
+            if got is None:
+                raise ColdRead(src, lo, hi)
+            return got
+    return src.span(lo, hi)
 
 
 class Chunk:
@@ -89,6 +162,7 @@ class Chunk:
 
     hdr = WAL_HDR
     verify = False
+    blocking = False
     name = "memory"
 
     def __init__(self, buf: Buf, first_seq: int, last_seq: int) -> None:
@@ -98,6 +172,9 @@ class Chunk:
 
     def span(self, lo: int, hi: int) -> tuple[Buf, int]:
         return self.buf, 0
+
+    def fetch(self, lo: int, hi: int) -> bytes:
+        return bytes(self.buf[lo:hi])
 
 
 RecordFields = tuple[str | None, str | None, bytes, bytes | None]
@@ -143,7 +220,7 @@ def frame_fields(buf: Buf, o: int, ln: int, hdr: int) -> RecordFields:
 
 def _span(src: FrameSource, offs: Sequence[int], lens: Sequence[int]) -> tuple[Buf, int]:
     """One `span` of `src` covering every frame of a run."""
-    return src.span(min(offs), max(o + ln for o, ln in zip(offs, lens, strict=True)))
+    return span_of(src, min(offs), max(o + ln for o, ln in zip(offs, lens, strict=True)))
 
 
 def render_frames(

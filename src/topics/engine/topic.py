@@ -31,6 +31,7 @@ from topics.engine.frames import (
     collect_fields,
     frame_fields,
     render_frames,
+    span_of,
 )
 from topics.engine.index import (
     DELETED,
@@ -356,7 +357,7 @@ class Topic:
             if src is not None:
                 lo = min(offs[i:j])
                 hi = max(o + ln for o, ln in zip(offs[i:j], lens[i:j], strict=True))
-                buf, base = src.span(lo, hi)
+                buf, base = span_of(src, lo, hi)
                 for k in range(i, j):
                     o = offs[k] - base
                     if src.verify:

@@ -200,6 +200,7 @@ class SegmentSource:
 
     hdr = SEG_HDR
     verify = True
+    blocking = True
 
     def __init__(self, fs: Fs, data_path: str, sealed: bool) -> None:
         self.fs = fs
@@ -236,6 +237,19 @@ class SegmentSource:
             else:
                 pool.touch(self)
             return f.pread(hi - lo, lo), lo
+
+    def fetch(self, lo: int, hi: int) -> bytes:
+        """The bytes `[lo, hi)` of `.data`, read with a handle of its own (any thread).
+
+        For reads off the event loop (:mod:`topics.storage.reads`): neither the
+        pool's lock nor a map is held while the disk answers, so a slow read
+        stalls nobody else. Raises OSError when the file cannot be read.
+        """
+        f = self.fs.open(self.name)
+        try:
+            return f.pread(hi - lo, lo)
+        finally:
+            f.close()
 
     def _mapped(self) -> mmap.mmap | None:
         """Map the sealed file (pool lock held); None for an empty or non-OS file."""
