@@ -23,16 +23,20 @@ event loop while :data:`read_ahead` is set: a read that needs their bytes raises
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 from contextvars import ContextVar
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import orjson
-import xxhash
 
-from topics.format.frame import SEG_HDR, WAL_HDR
-from topics.format.idx import F_HAS_META, F_HAS_NODE, F_HAS_TAG, F_RECORD_MASK
+from topics.format.frame import (
+    SEG_HDR,
+    WAL_HDR,
+    Buf,
+    check_frame,
+    frame_fields,
+    plain_data,
+)
 
 __all__ = [
     "WAL_HDR",
@@ -45,20 +49,9 @@ __all__ = [
     "span_of",
     "Chunk",
     "FrameCorrupt",
-    "RecordFields",
-    "frame_fields",
-    "check_frame",
     "render_frames",
     "collect_fields",
 ]
-
-
-_LENS = struct.Struct("<HHI")
-_FLAGS_BACK = 33  # the flags byte sits 33 bytes before the end of either header  # node_len, tag_len, data_len: the last 8 header bytes
-_U32 = struct.Struct("<I")
-_U64 = struct.Struct("<Q")
-
-Buf = bytes | Any  # bytes, or an mmap / buffer supporting slicing to bytes
 
 
 class FrameCorrupt(Exception):
@@ -177,47 +170,6 @@ class Chunk:
         return bytes(self.buf[lo:hi])
 
 
-RecordFields = tuple[str | None, str | None, bytes, bytes | None]
-"""(node, tag, data, meta) of one frame."""
-
-
-def check_frame(buf: Buf, o: int, ln: int, seq: int, hdr: int) -> str | None:
-    """Why the frame at `buf[o:o+ln]` is not seq `seq`'s valid frame, or None."""
-    if ln < hdr + 8 or o < 0 or o + ln > len(buf):
-        return "frame outside the file"
-    if _U32.unpack_from(buf, o)[0] != ln - 4:
-        return "frame_len does not match the indexed length"
-    if _U64.unpack_from(buf, o + hdr - 24)[0] != seq:
-        return "frame carries another seq"
-    end = o + ln - 8
-    if xxhash.xxh3_64_intdigest(buf[o + 4 : end]) != _U64.unpack_from(buf, end)[0]:
-        return "checksum mismatch"
-    return None
-
-
-def frame_fields(buf: Buf, o: int, ln: int, hdr: int) -> RecordFields:
-    """Decode node, tag, data and meta of the frame at `buf[o:o+ln]` (already verified).
-
-    The frame's own flags byte decides what it carries; slot flags are only hints.
-    """
-    flags = buf[o + hdr - _FLAGS_BACK]
-    nl, tl, dl = _LENS.unpack_from(buf, o + hdr - 8)
-    p = o + hdr
-    node = bytes(buf[p : p + nl]).decode() if flags & F_HAS_NODE else None
-    p += nl
-    tag = bytes(buf[p : p + tl]).decode() if flags & F_HAS_TAG else None
-    p += tl
-    end = o + ln - 8
-    if flags & F_HAS_META:
-        ml = _U32.unpack_from(buf, p)[0]
-        meta: bytes | None = bytes(buf[p + 4 : p + 4 + ml])
-        data = bytes(buf[p + 4 + ml : end])
-    else:
-        meta = None
-        data = bytes(buf[p:end])
-    return node, tag, data, meta
-
-
 def _span(src: FrameSource, offs: Sequence[int], lens: Sequence[int]) -> tuple[Buf, int]:
     """One `span` of `src` covering every frame of a run."""
     return span_of(src, min(offs), max(o + ln for o, ln in zip(offs, lens, strict=True)))
@@ -261,9 +213,11 @@ def render_frames(
             why = check_frame(buf, o, ln, seq, hdr)
             if why is not None:
                 raise FrameCorrupt(src.name, seq, why)
-        if plain_ok and not buf[o + hdr - _FLAGS_BACK] & F_RECORD_MASK:
-            out.append(b'{"$seq":%d,"$ts":%d,"data":%b}' % (seq, tss[i], buf[o + hdr : o + ln - 8]))
-            continue
+        if plain_ok:
+            plain = plain_data(buf, o, ln, hdr)
+            if plain is not None:
+                out.append(b'{"$seq":%d,"$ts":%d,"data":%b}' % (seq, tss[i], cast(bytes, plain)))
+                continue
         node, tag, data, meta = frame_fields(buf, o, ln, hdr)
         parts = [b'{"$seq":%d,"$ts":%d' % (seq, tss[i])]
         if node is not None:

@@ -27,9 +27,7 @@ from topics.engine.frames import (
     Chunk,
     FrameCorrupt,
     FrameSource,
-    check_frame,
     collect_fields,
-    frame_fields,
     render_frames,
     span_of,
 )
@@ -47,7 +45,15 @@ from topics.engine.records import NewRecord, Payload
 from topics.engine.tags import TagIndex
 from topics.engine.topic_config import TopicConfig
 from topics.errors import TopicsError, bad_request
-from topics.format.frame import BatchLayout, FrameBuf, FrameError, encode_batch, seal_batch
+from topics.format.frame import (
+    BatchLayout,
+    FrameBuf,
+    FrameError,
+    check_frame,
+    encode_batch,
+    frame_fields,
+    seal_batch,
+)
 
 __all__ = ["Topic", "Totals", "NodeInterner", "PendingWrite", "ReadResult", "Tombstone"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from topics.format.frame import F_DURABLE, F_HAS_META, F_HAS_NODE, F_HAS_TAG
+from topics.format.frame import F_DURABLE, F_HAS_META, F_HAS_NODE, F_HAS_TAG, F_RECORD_MASK
 
 __all__ = [
     "IDX_ENTRY_DTYPE",
@@ -23,8 +23,6 @@ __all__ = [
     "F_RECORD_MASK",
 ]
 
-#: Flags that change how a record renders (a frame without them is "plain").
-F_RECORD_MASK = F_HAS_TAG | F_HAS_NODE | F_HAS_META
 #: The `.idx` flags byte of a deleted record or a hole (outside the frame checksum).
 DELETED = 0xD5
 
