@@ -30,7 +30,6 @@ from typing import Any, Protocol, cast
 import orjson
 
 from topics.format.frame import (
-    SEG_HDR,
     WAL_HDR,
     Buf,
     check_frame,
@@ -39,8 +38,6 @@ from topics.format.frame import (
 )
 
 __all__ = [
-    "WAL_HDR",
-    "SEG_HDR",
     "Buf",
     "FrameSource",
     "ColdRead",

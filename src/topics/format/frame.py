@@ -109,6 +109,8 @@ __all__ = [
     "check_frame",
     "frame_fields",
     "plain_data",
+    "SEG_FRAME_OVERHEAD",
+    "segment_data_lens",
     "FrameError",
     "Frame",
     "Torn",
@@ -251,6 +253,27 @@ def check_frame(buf: Buf, o: int, ln: int, seq: int, hdr: int) -> str | None:
     if checksum(buf[o + 4 : end]) != _U64.unpack_from(buf, end)[0]:
         return "checksum mismatch"
     return None
+
+
+#: Bytes of a segment frame besides node, tag and payload (header and checksum).
+SEG_FRAME_OVERHEAD = SEG_HDR + _CRC
+
+
+def segment_data_lens(data: Buf, offsets: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """`data_len` of the segment frames starting at `offsets` of `data` (0 when cut off).
+
+    Vectorised: the payload size of records whose `.idx` entry alone cannot give
+    it (those carrying a node or a tag).
+    """
+    raw = np.frombuffer(data, np.uint8)
+    at = offsets + (SEG_HDR - _LENS_BACK + 4)
+    ok = at + 4 <= len(raw)
+    out = np.zeros(len(offsets), np.int64)
+    good = at[ok]
+    if len(good):
+        b = raw[good[:, None] + np.arange(4)].astype(np.int64)
+        out[ok] = b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16) | (b[:, 3] << 24)
+    return out
 
 
 def plain_data(buf: Buf, o: int, ln: int, hdr: int) -> Buf | None:

@@ -15,6 +15,7 @@ from topics.format.frame import F_DURABLE, F_HAS_META, F_HAS_NODE, F_HAS_TAG, F_
 __all__ = [
     "IDX_ENTRY_DTYPE",
     "IDX_ENTRY_SIZE",
+    "IDX_FLAGS_OFFSET",
     "DELETED",
     "F_HAS_TAG",
     "F_HAS_NODE",
@@ -31,4 +32,7 @@ IDX_ENTRY_DTYPE = np.dtype(
     [("offset", "<u4"), ("len", "<u4"), ("ts", "<u8"), ("flags", "u1"), ("pad", "V3")]
 )
 IDX_ENTRY_SIZE = IDX_ENTRY_DTYPE.itemsize
+#: Where the flags byte sits inside an entry (the byte a delete flips to :data:`DELETED`).
+IDX_FLAGS_OFFSET = 16
+assert IDX_ENTRY_DTYPE.fields is not None and IDX_ENTRY_DTYPE.fields["flags"][1] == IDX_FLAGS_OFFSET
 assert IDX_ENTRY_SIZE == 20
