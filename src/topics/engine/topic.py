@@ -31,16 +31,7 @@ from topics.engine.frames import (
     render_frames,
     span_of,
 )
-from topics.engine.index import (
-    DELETED,
-    F_HAS_META,
-    F_HAS_NODE,
-    F_HAS_TAG,
-    LOC_HOLE,
-    NODE_UNKNOWN,
-    SLOT_DTYPE,
-    SlotIndex,
-)
+from topics.engine.index import LOC_HOLE, NODE_UNKNOWN, SLOT_DTYPE, SlotIndex
 from topics.engine.records import NewRecord, Payload
 from topics.engine.tags import TagIndex
 from topics.engine.topic_config import TopicConfig
@@ -54,6 +45,7 @@ from topics.format.frame import (
     frame_fields,
     seal_batch,
 )
+from topics.format.idx import DELETED, F_HAS_META, F_HAS_NODE, F_HAS_TAG
 
 __all__ = ["Topic", "Totals", "NodeInterner", "PendingWrite", "ReadResult", "Tombstone"]
 

@@ -506,44 +506,47 @@ def encode_append(
     `ts` is ms. The payload is `data`, or `meta_len u32 | meta | data` when
     `meta` is not None. Raises FrameError as :func:`encode_frame`.
     """
+    return _record_frame(False, topic_id, seq, ts, node, tag, data, meta, durable)
+
+
+def _record_frame(
+    seg: bool,
+    topic_id: int,
+    seq: int,
+    ts: int,
+    node: str | None,
+    tag: str | None,
+    data: bytes,
+    meta: bytes | None,
+    durable: bool,
+) -> bytes:
+    """A record's WAL Append frame, or (`seg`) its segment frame."""
     flags = F_DURABLE if durable else 0
+    if node is not None:
+        flags |= F_HAS_NODE
+    if tag is not None:
+        flags |= F_HAS_TAG
+    nb, tb = _text(node, "node"), _text(tag, "tag")
+    nl, tl = len(nb), len(tb)
     try:
-        if node is None:
-            nb = b""
-        else:
-            flags |= F_HAS_NODE
-            nb = node.encode()
-        if tag is None:
-            tb = b""
-        else:
-            flags |= F_HAS_TAG
-            tb = tag.encode()
-        nl, tl = len(nb), len(tb)
         if meta is None:
+            payload: tuple[bytes, ...] = (data,)
             dl = len(data)
+        else:
+            flags |= F_HAS_META
+            payload = (_U32.pack(len(meta)), meta, data)
+            dl = 4 + len(meta) + len(data)
+        if seg:
+            head = SEG_HEADER.pack(
+                _SEG_FIXED + nl + tl + dl + _CRC, flags, topic_id, seq, ts, nl, tl, dl
+            )
+        else:
             head = HEADER.pack(
                 _FIXED + nl + tl + dl + _CRC, APPEND, flags, topic_id, seq, ts, nl, tl, dl
             )
-            body = b"".join((head, nb, tb, data))
-        else:
-            ml = len(meta)
-            dl = 4 + ml + len(data)
-            head = HEADER.pack(
-                _FIXED + nl + tl + dl + _CRC,
-                APPEND,
-                flags | F_HAS_META,
-                topic_id,
-                seq,
-                ts,
-                nl,
-                tl,
-                dl,
-            )
-            body = b"".join((head, nb, tb, ml.to_bytes(4, "little"), meta, data))
     except struct.error as e:
         raise FrameError(f"frame field out of range: {e}") from None
-    except UnicodeEncodeError:
-        raise FrameError("node/tag is not encodable as UTF-8") from None
+    body = b"".join((head, nb, tb, *payload))
     return body + CHECKSUM.pack(checksum(memoryview(body)[4:]))
 
 
@@ -1196,37 +1199,7 @@ def encode_segment_record(
 
     Raises FrameError as :func:`encode_append`.
     """
-    flags = F_DURABLE if durable else 0
-    if node is not None:
-        flags |= F_HAS_NODE
-    if tag is not None:
-        flags |= F_HAS_TAG
-    nb, tb = _text(node, "node"), _text(tag, "tag")
-    nl, tl = len(nb), len(tb)
-    try:
-        if meta is None:
-            dl = len(data)
-            head = SEG_HEADER.pack(
-                _SEG_FIXED + nl + tl + dl + _CRC, flags, topic_id, seq, ts, nl, tl, dl
-            )
-            body = b"".join((head, nb, tb, data))
-        else:
-            ml = len(meta)
-            dl = 4 + ml + len(data)
-            head = SEG_HEADER.pack(
-                _SEG_FIXED + nl + tl + dl + _CRC,
-                flags | F_HAS_META,
-                topic_id,
-                seq,
-                ts,
-                nl,
-                tl,
-                dl,
-            )
-            body = b"".join((head, nb, tb, ml.to_bytes(4, "little"), meta, data))
-    except struct.error as e:
-        raise FrameError(f"frame field out of range: {e}") from None
-    return body + CHECKSUM.pack(checksum(memoryview(body)[4:]))
+    return _record_frame(True, topic_id, seq, ts, node, tag, data, meta, durable)
 
 
 assert HEADER.size == WAL_HDR and SEG_HEADER.size == SEG_HDR

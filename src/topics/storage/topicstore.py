@@ -501,6 +501,7 @@ def check_published(
     problems: list[str] = []
     ranges: list[tuple[int, int]] = []
     starts = sorted([*listed, *(_first_of(p) for p in strays)])
+    listed_counts = dict(recorded)
 
     def until(first: int, count: int | None) -> int:
         if count is not None:
@@ -538,6 +539,11 @@ def check_published(
         newest = i == len(listed) - 1
         if newest:
             need = ckpt - first + 1
+            if first in listed_counts:
+                # The snapshot knows how many entries it wrote: seqs after them up to
+                # the head are holes (never written: lost to a crash before the head
+                # watermark), not missing entries.
+                need = min(need, listed_counts[first])
             if ckpt > floor and len(raw) // IDX_ENTRY_SIZE < need:
                 have = len(raw) // IDX_ENTRY_SIZE
                 problems.append(
