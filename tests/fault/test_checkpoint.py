@@ -25,8 +25,8 @@ from tests.support.durable import (
 )
 from tests.support.fakedisk import FakeDisk, crash_points
 from topics.engine.frames import FrameCorrupt
-from topics.engine.index import DELETED
 from topics.errors import TopicsError
+from topics.format.idx import DELETED
 from topics.storage.catalog import load_catalog
 from topics.storage.checkpoint import CheckpointFailed
 from topics.storage.segment import scan_segments, topic_dir

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from topics.engine.index import DELETED, IDX_ENTRY_DTYPE, SLOT_DTYPE, SlotIndex
+from topics.engine.index import SLOT_DTYPE, SlotIndex
+from topics.format.idx import DELETED, IDX_ENTRY_DTYPE
 
 
 def rows(n: int, ts: int = 5) -> np.ndarray:

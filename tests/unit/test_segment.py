@@ -10,7 +10,7 @@ import pytest
 import xxhash
 from tests.support.segreader import SegmentReader
 
-from topics.engine.index import DELETED, IDX_ENTRY_DTYPE
+from topics.format.idx import DELETED, IDX_ENTRY_DTYPE
 from topics.storage.fs import RealFs
 from topics.storage.segment import (
     SegmentCorrupt,

@@ -13,41 +13,42 @@ the three length fields are the last 8 header bytes in both. Sources whose bytes
 come from disk set `verify`: each frame read is checked (length prefix, seq,
 XXH3-64) and a mismatch raises :class:`FrameCorrupt` (corruption in a
 sealed segment is surfaced, never skipped).
+
+Sources whose reads may block on the disk (`blocking`) are never read on the
+event loop while :data:`read_ahead` is set: a read that needs their bytes raises
+:class:`ColdRead` naming the span, the caller fetches it on a thread
+(`source.fetch`), adds it to the :class:`ReadAhead` and runs the read again
+(docs/ARCHITECTURE.md, "The read path").
 """
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
-from typing import Any, Protocol
+from contextvars import ContextVar
+from typing import Any, Protocol, cast
 
 import orjson
-import xxhash
 
-from topics.format.frame import SEG_HDR, WAL_HDR
-from topics.format.idx import F_HAS_META, F_HAS_NODE, F_HAS_TAG, F_RECORD_MASK
+from topics.format.frame import (
+    WAL_HDR,
+    Buf,
+    check_frame,
+    frame_fields,
+    plain_data,
+)
 
 __all__ = [
-    "WAL_HDR",
-    "SEG_HDR",
     "Buf",
     "FrameSource",
+    "ColdRead",
+    "ReadAhead",
+    "read_ahead",
+    "span_of",
     "Chunk",
     "FrameCorrupt",
-    "RecordFields",
-    "frame_fields",
-    "check_frame",
     "render_frames",
     "collect_fields",
 ]
-
-
-_LENS = struct.Struct("<HHI")
-_FLAGS_BACK = 33  # the flags byte sits 33 bytes before the end of either header  # node_len, tag_len, data_len: the last 8 header bytes
-_U32 = struct.Struct("<I")
-_U64 = struct.Struct("<Q")
-
-Buf = bytes | Any  # bytes, or an mmap / buffer supporting slicing to bytes
 
 
 class FrameCorrupt(Exception):
@@ -68,14 +69,76 @@ class FrameSource(Protocol):
 
     `span(lo, hi)` returns `(buf, base)` such that the bytes at source offsets
     `[lo, hi)` are `buf[lo - base : hi - base]`. Raises OSError or FrameCorrupt
-    when the bytes cannot be read.
+    when the bytes cannot be read. A `blocking` source (a file) also has
+    `fetch(lo, hi) -> bytes`: the same bytes read with its own handle, safe to
+    call from any thread.
     """
 
     hdr: int
     verify: bool
+    blocking: bool
     name: str
 
     def span(self, lo: int, hi: int) -> tuple[Buf, int]: ...
+
+    def fetch(self, lo: int, hi: int) -> bytes: ...
+
+
+class ColdRead(Exception):
+    """A read needs bytes `[lo, hi)` of a blocking `source` that were not fetched ahead.
+
+    Raised only while :data:`read_ahead` is set, before the read changed
+    anything: fetch the span off the loop, add it, and run the read again.
+    """
+
+    def __init__(self, source: FrameSource, lo: int, hi: int) -> None:
+        super().__init__(f"{source.name}: bytes {lo}..{hi} not fetched ahead")
+        self.source = source
+        self.lo = lo
+        self.hi = hi
+
+
+class ReadAhead:
+    """Spans of blocking sources fetched off the loop for one read (bytes, by source)."""
+
+    __slots__ = ("_spans", "nbytes")
+
+    def __init__(self) -> None:
+        self._spans: dict[int, list[tuple[int, bytes]]] = {}
+        self.nbytes = 0
+
+    def add(self, source: FrameSource, lo: int, buf: bytes) -> None:
+        """Keep `buf`, the bytes of `source` starting at offset `lo`."""
+        self._spans.setdefault(id(source), []).append((lo, buf))
+        self.nbytes += len(buf)
+
+    def get(self, source: FrameSource, lo: int, hi: int) -> tuple[bytes, int] | None:
+        """`(buf, base)` covering `[lo, hi)` of `source`, or None when not fetched."""
+        for base, buf in self._spans.get(id(source), ()):
+            if base <= lo and hi <= base + len(buf):
+                return buf, base
+        return None
+
+
+#: Set (to the read's :class:`ReadAhead`) while a read runs on the event loop:
+#: blocking sources are then served from it or raise :class:`ColdRead`.
+read_ahead: ContextVar[ReadAhead | None] = ContextVar("topics_read_ahead", default=None)
+
+
+def span_of(src: FrameSource, lo: int, hi: int) -> tuple[Buf, int]:
+    """`src.span(lo, hi)`, or the bytes fetched ahead when :data:`read_ahead` is set.
+
+    Raises ColdRead when a blocking source's span was not fetched ahead; OSError
+    or FrameCorrupt from the source.
+    """
+    if src.blocking:
+        ahead = read_ahead.get()
+        if ahead is not None:
+            got = ahead.get(src, lo, hi)
+            if got is None:
+                raise ColdRead(src, lo, hi)
+            return got
+    return src.span(lo, hi)
 
 
 class Chunk:
@@ -89,6 +152,7 @@ class Chunk:
 
     hdr = WAL_HDR
     verify = False
+    blocking = False
     name = "memory"
 
     def __init__(self, buf: Buf, first_seq: int, last_seq: int) -> None:
@@ -99,51 +163,13 @@ class Chunk:
     def span(self, lo: int, hi: int) -> tuple[Buf, int]:
         return self.buf, 0
 
-
-RecordFields = tuple[str | None, str | None, bytes, bytes | None]
-"""(node, tag, data, meta) of one frame."""
-
-
-def check_frame(buf: Buf, o: int, ln: int, seq: int, hdr: int) -> str | None:
-    """Why the frame at `buf[o:o+ln]` is not seq `seq`'s valid frame, or None."""
-    if ln < hdr + 8 or o < 0 or o + ln > len(buf):
-        return "frame outside the file"
-    if _U32.unpack_from(buf, o)[0] != ln - 4:
-        return "frame_len does not match the indexed length"
-    if _U64.unpack_from(buf, o + hdr - 24)[0] != seq:
-        return "frame carries another seq"
-    end = o + ln - 8
-    if xxhash.xxh3_64_intdigest(buf[o + 4 : end]) != _U64.unpack_from(buf, end)[0]:
-        return "checksum mismatch"
-    return None
-
-
-def frame_fields(buf: Buf, o: int, ln: int, hdr: int) -> RecordFields:
-    """Decode node, tag, data and meta of the frame at `buf[o:o+ln]` (already verified).
-
-    The frame's own flags byte decides what it carries; slot flags are only hints.
-    """
-    flags = buf[o + hdr - _FLAGS_BACK]
-    nl, tl, dl = _LENS.unpack_from(buf, o + hdr - 8)
-    p = o + hdr
-    node = bytes(buf[p : p + nl]).decode() if flags & F_HAS_NODE else None
-    p += nl
-    tag = bytes(buf[p : p + tl]).decode() if flags & F_HAS_TAG else None
-    p += tl
-    end = o + ln - 8
-    if flags & F_HAS_META:
-        ml = _U32.unpack_from(buf, p)[0]
-        meta: bytes | None = bytes(buf[p + 4 : p + 4 + ml])
-        data = bytes(buf[p + 4 + ml : end])
-    else:
-        meta = None
-        data = bytes(buf[p:end])
-    return node, tag, data, meta
+    def fetch(self, lo: int, hi: int) -> bytes:
+        return bytes(self.buf[lo:hi])
 
 
 def _span(src: FrameSource, offs: Sequence[int], lens: Sequence[int]) -> tuple[Buf, int]:
     """One `span` of `src` covering every frame of a run."""
-    return src.span(min(offs), max(o + ln for o, ln in zip(offs, lens, strict=True)))
+    return span_of(src, min(offs), max(o + ln for o, ln in zip(offs, lens, strict=True)))
 
 
 def render_frames(
@@ -184,9 +210,11 @@ def render_frames(
             why = check_frame(buf, o, ln, seq, hdr)
             if why is not None:
                 raise FrameCorrupt(src.name, seq, why)
-        if plain_ok and not buf[o + hdr - _FLAGS_BACK] & F_RECORD_MASK:
-            out.append(b'{"$seq":%d,"$ts":%d,"data":%b}' % (seq, tss[i], buf[o + hdr : o + ln - 8]))
-            continue
+        if plain_ok:
+            plain = plain_data(buf, o, ln, hdr)
+            if plain is not None:
+                out.append(b'{"$seq":%d,"$ts":%d,"data":%b}' % (seq, tss[i], cast(bytes, plain)))
+                continue
         node, tag, data, meta = frame_fields(buf, o, ln, hdr)
         parts = [b'{"$seq":%d,"$ts":%d' % (seq, tss[i])]
         if node is not None:

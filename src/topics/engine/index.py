@@ -30,27 +30,10 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from topics.format.idx import (
-    DELETED,
-    F_DURABLE,
-    F_HAS_META,
-    F_HAS_NODE,
-    F_HAS_TAG,
-    F_RECORD_MASK,
-    IDX_ENTRY_DTYPE,
-)
-
 __all__ = [
     "SLOT_DTYPE",
-    "IDX_ENTRY_DTYPE",
     "SlotArray",
     "SlotIndex",
-    "DELETED",
-    "F_HAS_TAG",
-    "F_HAS_NODE",
-    "F_DURABLE",
-    "F_HAS_META",
-    "F_RECORD_MASK",
     "LOC_HOLE",
     "NODE_UNKNOWN",
 ]

@@ -38,11 +38,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
-from topics.engine.index import DELETED
 from topics.engine.params import opt_u64
 from topics.engine.records import NewRecord, Payload
 from topics.engine.topic import PendingWrite, Topic
 from topics.errors import TopicsError, bad_request, not_found_topic
+from topics.format.idx import DELETED
 
 if TYPE_CHECKING:
     from topics.engine.core import Engine

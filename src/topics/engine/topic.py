@@ -27,26 +27,25 @@ from topics.engine.frames import (
     Chunk,
     FrameCorrupt,
     FrameSource,
-    check_frame,
     collect_fields,
-    frame_fields,
     render_frames,
+    span_of,
 )
-from topics.engine.index import (
-    DELETED,
-    F_HAS_META,
-    F_HAS_NODE,
-    F_HAS_TAG,
-    LOC_HOLE,
-    NODE_UNKNOWN,
-    SLOT_DTYPE,
-    SlotIndex,
-)
+from topics.engine.index import LOC_HOLE, NODE_UNKNOWN, SLOT_DTYPE, SlotIndex
 from topics.engine.records import NewRecord, Payload
 from topics.engine.tags import TagIndex
 from topics.engine.topic_config import TopicConfig
 from topics.errors import TopicsError, bad_request
-from topics.format.frame import BatchLayout, FrameBuf, FrameError, encode_batch, seal_batch
+from topics.format.frame import (
+    BatchLayout,
+    FrameBuf,
+    FrameError,
+    check_frame,
+    encode_batch,
+    frame_fields,
+    seal_batch,
+)
+from topics.format.idx import DELETED, F_HAS_META, F_HAS_NODE, F_HAS_TAG
 
 __all__ = ["Topic", "Totals", "NodeInterner", "PendingWrite", "ReadResult", "Tombstone"]
 
@@ -356,7 +355,7 @@ class Topic:
             if src is not None:
                 lo = min(offs[i:j])
                 hi = max(o + ln for o, ln in zip(offs[i:j], lens[i:j], strict=True))
-                buf, base = src.span(lo, hi)
+                buf, base = span_of(src, lo, hi)
                 for k in range(i, j):
                     o = offs[k] - base
                     if src.verify:

@@ -103,6 +103,14 @@ __all__ = [
     "TORN_OFFSET",
     "TORN_UNREADABLE",
     "checksum",
+    "Buf",
+    "RecordFields",
+    "F_RECORD_MASK",
+    "check_frame",
+    "frame_fields",
+    "plain_data",
+    "SEG_FRAME_OVERHEAD",
+    "segment_data_lens",
     "FrameError",
     "Frame",
     "Torn",
@@ -178,6 +186,9 @@ F_DURABLE = 0x04
 F_HAS_META = 0x08  # ours: Append payload is meta_len u32 | meta | data
 F_BATCH_MORE = 0x10  # ours: more frames of the same write follow this one
 
+#: Bytes a frame is read from: a file's bytes, a buffer, or a map of a segment file.
+Buf = bytes | bytearray | memoryview | mmap.mmap
+
 # -- layouts -------------------------------------------------------------------
 
 #: frame_len, type, flags, topic_id, seq, ts, node_len, tag_len, data_len (38 bytes).
@@ -206,6 +217,96 @@ SEG_MIN_FRAME_SIZE = SEG_MIN_FRAME_LEN + 4  # 45
 checksum = xxhash.xxh3_64_intdigest
 """XXH3-64 (hash seed 0) of a bytes-like object -> int."""
 
+# -- reading one record frame in place --------------------------------------------
+#
+# A WAL frame and a segment frame differ only in the WAL's `type` byte, so the
+# record fields sit at the same distance before the end of either header (`hdr`,
+# :data:`WAL_HDR` or :data:`SEG_HDR`): flags 33 bytes back, seq 24, the three
+# lengths (node_len u16, tag_len u16, data_len u32) the last 8.
+
+_FLAGS_BACK = 33
+_SEQ_BACK = 24
+_LENS_BACK = 8
+_LENS = struct.Struct("<HHI")
+_U64 = struct.Struct("<Q")
+
+#: `(node, tag, data, meta)` of one record frame (data and meta as raw JSON bytes).
+RecordFields = tuple[str | None, str | None, bytes, bytes | None]
+
+#: Flags that change how a record renders (a frame without them is "plain").
+F_RECORD_MASK = F_HAS_TAG | F_HAS_NODE | F_HAS_META
+
+
+def check_frame(buf: Buf, o: int, ln: int, seq: int, hdr: int) -> str | None:
+    """Why the `ln` bytes at `buf[o:]` are not seq `seq`'s valid frame, or None.
+
+    Checks the length prefix, the seq and the XXH3-64 (docs/FORMATS.md, "Frames");
+    `hdr` is the header size of the frame's kind.
+    """
+    if ln < hdr + _CRC or o < 0 or o + ln > len(buf):
+        return "frame outside the file"
+    if _U32.unpack_from(buf, o)[0] != ln - 4:
+        return "frame_len does not match the indexed length"
+    if _U64.unpack_from(buf, o + hdr - _SEQ_BACK)[0] != seq:
+        return "frame carries another seq"
+    end = o + ln - _CRC
+    if checksum(buf[o + 4 : end]) != _U64.unpack_from(buf, end)[0]:
+        return "checksum mismatch"
+    return None
+
+
+#: Bytes of a segment frame besides node, tag and payload (header and checksum).
+SEG_FRAME_OVERHEAD = SEG_HDR + _CRC
+
+
+def segment_data_lens(data: Buf, offsets: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """`data_len` of the segment frames starting at `offsets` of `data` (0 when cut off).
+
+    Vectorised: the payload size of records whose `.idx` entry alone cannot give
+    it (those carrying a node or a tag).
+    """
+    raw = np.frombuffer(data, np.uint8)
+    at = offsets + (SEG_HDR - _LENS_BACK + 4)
+    ok = at + 4 <= len(raw)
+    out = np.zeros(len(offsets), np.int64)
+    good = at[ok]
+    if len(good):
+        b = raw[good[:, None] + np.arange(4)].astype(np.int64)
+        out[ok] = b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16) | (b[:, 3] << 24)
+    return out
+
+
+def plain_data(buf: Buf, o: int, ln: int, hdr: int) -> Buf | None:
+    """The data bytes of a frame that carries no node, tag or meta; None otherwise."""
+    if buf[o + hdr - _FLAGS_BACK] & F_RECORD_MASK:
+        return None
+    return buf[o + hdr : o + ln - _CRC]
+
+
+def frame_fields(buf: Buf, o: int, ln: int, hdr: int) -> RecordFields:
+    """Node, tag, data and meta of the (verified) frame of `ln` bytes at `buf[o:]`.
+
+    The frame's own flags byte says what it carries (an `.idx` flags byte is only a
+    hint: a torn delete flip can spoil it).
+    """
+    flags = buf[o + hdr - _FLAGS_BACK]
+    nl, tl, _dl = _LENS.unpack_from(buf, o + hdr - _LENS_BACK)
+    p = o + hdr
+    node = bytes(buf[p : p + nl]).decode() if flags & F_HAS_NODE else None
+    p += nl
+    tag = bytes(buf[p : p + tl]).decode() if flags & F_HAS_TAG else None
+    p += tl
+    end = o + ln - _CRC
+    if flags & F_HAS_META:
+        ml = _U32.unpack_from(buf, p)[0]
+        meta: bytes | None = bytes(buf[p + 4 : p + 4 + ml])
+        data = bytes(buf[p + 4 + ml : end])
+    else:
+        meta = None
+        data = bytes(buf[p:end])
+    return node, tag, data, meta
+
+
 # -- Torn reasons (stable strings: logged, counted, asserted in tests) -----------
 
 TORN_SHORT_PREFIX = "short length prefix"
@@ -224,9 +325,6 @@ TORN_UNREADABLE = "buffer not decodable"
 
 class FrameError(ValueError):
     """A frame cannot be encoded (field too wide, bad type) or a payload is garbage."""
-
-
-Buf = bytes | bytearray | memoryview
 
 
 class Frame(NamedTuple):
@@ -408,44 +506,47 @@ def encode_append(
     `ts` is ms. The payload is `data`, or `meta_len u32 | meta | data` when
     `meta` is not None. Raises FrameError as :func:`encode_frame`.
     """
+    return _record_frame(False, topic_id, seq, ts, node, tag, data, meta, durable)
+
+
+def _record_frame(
+    seg: bool,
+    topic_id: int,
+    seq: int,
+    ts: int,
+    node: str | None,
+    tag: str | None,
+    data: bytes,
+    meta: bytes | None,
+    durable: bool,
+) -> bytes:
+    """A record's WAL Append frame, or (`seg`) its segment frame."""
     flags = F_DURABLE if durable else 0
+    if node is not None:
+        flags |= F_HAS_NODE
+    if tag is not None:
+        flags |= F_HAS_TAG
+    nb, tb = _text(node, "node"), _text(tag, "tag")
+    nl, tl = len(nb), len(tb)
     try:
-        if node is None:
-            nb = b""
-        else:
-            flags |= F_HAS_NODE
-            nb = node.encode()
-        if tag is None:
-            tb = b""
-        else:
-            flags |= F_HAS_TAG
-            tb = tag.encode()
-        nl, tl = len(nb), len(tb)
         if meta is None:
+            payload: tuple[bytes, ...] = (data,)
             dl = len(data)
+        else:
+            flags |= F_HAS_META
+            payload = (_U32.pack(len(meta)), meta, data)
+            dl = 4 + len(meta) + len(data)
+        if seg:
+            head = SEG_HEADER.pack(
+                _SEG_FIXED + nl + tl + dl + _CRC, flags, topic_id, seq, ts, nl, tl, dl
+            )
+        else:
             head = HEADER.pack(
                 _FIXED + nl + tl + dl + _CRC, APPEND, flags, topic_id, seq, ts, nl, tl, dl
             )
-            body = b"".join((head, nb, tb, data))
-        else:
-            ml = len(meta)
-            dl = 4 + ml + len(data)
-            head = HEADER.pack(
-                _FIXED + nl + tl + dl + _CRC,
-                APPEND,
-                flags | F_HAS_META,
-                topic_id,
-                seq,
-                ts,
-                nl,
-                tl,
-                dl,
-            )
-            body = b"".join((head, nb, tb, ml.to_bytes(4, "little"), meta, data))
     except struct.error as e:
         raise FrameError(f"frame field out of range: {e}") from None
-    except UnicodeEncodeError:
-        raise FrameError("node/tag is not encodable as UTF-8") from None
+    body = b"".join((head, nb, tb, *payload))
     return body + CHECKSUM.pack(checksum(memoryview(body)[4:]))
 
 
@@ -1098,37 +1199,7 @@ def encode_segment_record(
 
     Raises FrameError as :func:`encode_append`.
     """
-    flags = F_DURABLE if durable else 0
-    if node is not None:
-        flags |= F_HAS_NODE
-    if tag is not None:
-        flags |= F_HAS_TAG
-    nb, tb = _text(node, "node"), _text(tag, "tag")
-    nl, tl = len(nb), len(tb)
-    try:
-        if meta is None:
-            dl = len(data)
-            head = SEG_HEADER.pack(
-                _SEG_FIXED + nl + tl + dl + _CRC, flags, topic_id, seq, ts, nl, tl, dl
-            )
-            body = b"".join((head, nb, tb, data))
-        else:
-            ml = len(meta)
-            dl = 4 + ml + len(data)
-            head = SEG_HEADER.pack(
-                _SEG_FIXED + nl + tl + dl + _CRC,
-                flags | F_HAS_META,
-                topic_id,
-                seq,
-                ts,
-                nl,
-                tl,
-                dl,
-            )
-            body = b"".join((head, nb, tb, ml.to_bytes(4, "little"), meta, data))
-    except struct.error as e:
-        raise FrameError(f"frame field out of range: {e}") from None
-    return body + CHECKSUM.pack(checksum(memoryview(body)[4:]))
+    return _record_frame(True, topic_id, seq, ts, node, tag, data, meta, durable)
 
 
 assert HEADER.size == WAL_HDR and SEG_HEADER.size == SEG_HDR

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from topics.format.frame import F_DURABLE, F_HAS_META, F_HAS_NODE, F_HAS_TAG
+from topics.format.frame import F_DURABLE, F_HAS_META, F_HAS_NODE, F_HAS_TAG, F_RECORD_MASK
 
 __all__ = [
     "IDX_ENTRY_DTYPE",
     "IDX_ENTRY_SIZE",
+    "IDX_FLAGS_OFFSET",
     "DELETED",
     "F_HAS_TAG",
     "F_HAS_NODE",
@@ -23,8 +24,6 @@ __all__ = [
     "F_RECORD_MASK",
 ]
 
-#: Flags that change how a record renders (a frame without them is "plain").
-F_RECORD_MASK = F_HAS_TAG | F_HAS_NODE | F_HAS_META
 #: The `.idx` flags byte of a deleted record or a hole (outside the frame checksum).
 DELETED = 0xD5
 
@@ -33,4 +32,7 @@ IDX_ENTRY_DTYPE = np.dtype(
     [("offset", "<u4"), ("len", "<u4"), ("ts", "<u8"), ("flags", "u1"), ("pad", "V3")]
 )
 IDX_ENTRY_SIZE = IDX_ENTRY_DTYPE.itemsize
+#: Where the flags byte sits inside an entry (the byte a delete flips to :data:`DELETED`).
+IDX_FLAGS_OFFSET = 16
+assert IDX_ENTRY_DTYPE.fields is not None and IDX_ENTRY_DTYPE.fields["flags"][1] == IDX_FLAGS_OFFSET
 assert IDX_ENTRY_SIZE == 20

@@ -18,6 +18,7 @@ from topics.engine.topic import PendingWrite, Topic
 from topics.errors import TopicsError
 from topics.http.app import Ctx, drive
 from topics.http.responses import JSON_CT, Resp, json_resp
+from topics.storage.reads import read_pool
 
 __all__ = [
     "put_topic",
@@ -176,10 +177,10 @@ async def diff(ctx: Ctx) -> Resp:
     eng = ctx.engine
     name = ctx.params["topic"]
     p = eng.parse_diff(ctx.body)
-    t, r = eng.diff(name, p)
+    t, r = await read_pool.run(lambda: eng.diff(name, p))
     if p.wait_ms > 0 and not r.records and r.tombstone is None and r.caught_up:
         await wait_topic(t, p.wait_ms / 1000)
-        t, r = eng.diff(name, p)
+        t, r = await read_pool.run(lambda: eng.diff(name, p))
     return Resp(200, render_diff(t, r, ctx.t0), [JSON_CT])
 
 

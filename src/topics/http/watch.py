@@ -14,6 +14,7 @@ stream), and a long catch-up is cut into writes of ~64 KiB.
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from typing import Any
 
 from topics.auth import bearer, token_from_query
@@ -22,6 +23,7 @@ from topics.engine.watch import WatchSession, WatchStream, clamp_heartbeat
 from topics.errors import TopicsError
 from topics.http.app import Ctx
 from topics.http.responses import Resp, json_resp
+from topics.storage.reads import read_pool
 
 __all__ = ["create_watch", "stream", "SSE_HEADERS", "Waker"]
 
@@ -164,7 +166,7 @@ async def _run(ctx: Ctx, session: WatchSession) -> None:
             for name in ws.names():
                 while True:
                     n = len(buf)
-                    drained = ws.pass_sse(name, buf)
+                    drained = await read_pool.run(partial(ws.pass_sse, name, buf))
                     for i in range(n, len(buf)):
                         size += len(buf[i])
                     if size >= FLUSH_BYTES:

@@ -16,6 +16,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import orjson
@@ -40,6 +41,7 @@ from topics.http.app import Ctx, drive
 from topics.http.responses import perf
 from topics.http.topics import wait_published
 from topics.http.watch import Waker
+from topics.storage.reads import read_pool
 
 __all__ = ["websocket", "Outbox", "OUTBOX_SLOTS"]
 
@@ -411,8 +413,15 @@ class Connection:
                     if self.subs.get(name) is not sub:
                         ob.unreserve()
                         break
-                    step = drain_step(
-                        self.engine, sub.delivery, sub.cursor, sub.opts, relabel_first=False
+                    step = await read_pool.run(
+                        partial(
+                            drain_step,
+                            self.engine,
+                            sub.delivery,
+                            sub.cursor,
+                            sub.opts,
+                            relabel_first=False,
+                        )
                     )
                     sub.cursor = step.cursor
                     if not step.events:

@@ -12,12 +12,14 @@ OFFSET_OUT_OF_RANGE. Both APIs need the `read` scope on the topic.
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from topics.config import SCOPE_READ
 from topics.kafka import errors as E
 from topics.kafka import protocol as P
 from topics.kafka.records import BatchWriter, to_kafka
+from topics.storage.reads import read_pool
 
 if TYPE_CHECKING:
     from topics.kafka.backend import Partition
@@ -114,7 +116,7 @@ async def fetch(broker: Broker, conn: ConnState, req: Any, v: int) -> Any:
     deadline = loop.time() + min(max(req.max_wait_ms, 0) / 1000, FETCH_MAX_WAIT_S)
     names = [ft.topic for ft in req.topics]
     while True:
-        out, total, errors = _fetch_pass(broker, conn, req, v)
+        out, total, errors = await read_pool.run(partial(_fetch_pass, broker, conn, req, v))
         remaining = deadline - loop.time()
         if errors or total >= max(req.min_bytes, 1) or remaining <= 0:
             break

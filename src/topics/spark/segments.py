@@ -29,7 +29,7 @@ is gone from both (its records fell below a floor since, or the topic was
 deleted) yields nothing and is logged.
 
 **Verification.** Every frame read is checked as the server checks it
-(:func:`topics.engine.frames.check_frame` with `SEG_HDR`: length prefix equal
+(:func:`topics.format.frame.check_frame` with `SEG_HDR`: length prefix equal
 to the `.idx` length, the seq, XXH3-64 over `[4, len-8)`), plus the three
 field lengths adding up and the `.idx` timestamp agreeing with the frame's. A
 frame that fails raises :class:`~topics.engine.frames.FrameCorrupt` naming the
@@ -59,8 +59,8 @@ import pyarrow as pa
 import xxhash
 
 from topics.clock import SystemClock
-from topics.engine.frames import FrameCorrupt, check_frame
-from topics.format.frame import SEG_HDR
+from topics.engine.frames import FrameCorrupt
+from topics.format.frame import SEG_HDR, check_frame
 from topics.format.idx import DELETED, F_HAS_META, F_HAS_NODE, F_HAS_TAG, IDX_ENTRY_DTYPE
 from topics.fs import File, Fs
 from topics.storage.catalog import CatalogTopic, SegmentRef, load_catalog

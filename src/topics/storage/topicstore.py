@@ -41,8 +41,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from topics.engine.frames import SEG_HDR, Buf
 from topics.engine.index import LOC_HOLE, NODE_UNKNOWN, SLOT_DTYPE, SlotArray
+from topics.format.frame import SEG_FRAME_OVERHEAD, SEG_HDR, Buf, segment_data_lens
 from topics.format.idx import (
     DELETED,
     F_HAS_META,
@@ -50,6 +50,7 @@ from topics.format.idx import (
     F_HAS_TAG,
     F_RECORD_MASK,
     IDX_ENTRY_DTYPE,
+    IDX_FLAGS_OFFSET,
 )
 from topics.storage.fs import File, Fs, write_all
 from topics.storage.segment import (
@@ -63,7 +64,6 @@ from topics.storage.segstore import LocalSegmentStore, SegmentPart, Tier, TopicT
 
 __all__ = [
     "DEFAULT_MAX_OPEN_SEGMENT_FILES",
-    "SEG_FRAME_OVERHEAD",
     "OpenSegmentFiles",
     "open_files",
     "set_max_open_segment_files",
@@ -80,10 +80,6 @@ log = logging.getLogger("topics.segments")
 
 #: Default of :data:`TOPICS_MAX_OPEN_SEGMENT_FILES`: segment read handles kept open.
 DEFAULT_MAX_OPEN_SEGMENT_FILES = 256
-#: Bytes of a segment frame besides node, tag and payload (header 37 + checksum 8).
-SEG_FRAME_OVERHEAD = SEG_HDR + 8
-_FLAGS_OFF = 16  # of `flags` inside one `.idx` entry
-_DL_OFF = SEG_HDR - 4  # of `data_len` inside a segment frame
 _ENV_CAP = "TOPICS_MAX_OPEN_SEGMENT_FILES"
 
 
@@ -201,6 +197,7 @@ class SegmentSource:
 
     hdr = SEG_HDR
     verify = True
+    blocking = True
 
     def __init__(self, fs: Fs, data_path: str, sealed: bool) -> None:
         self.fs = fs
@@ -237,6 +234,19 @@ class SegmentSource:
             else:
                 pool.touch(self)
             return f.pread(hi - lo, lo), lo
+
+    def fetch(self, lo: int, hi: int) -> bytes:
+        """The bytes `[lo, hi)` of `.data`, read with a handle of its own (any thread).
+
+        For reads off the event loop (:mod:`topics.storage.reads`): neither the
+        pool's lock nor a map is held while the disk answers, so a slow read
+        stalls nobody else. Raises OSError when the file cannot be read.
+        """
+        f = self.fs.open(self.name)
+        try:
+            return f.pread(hi - lo, lo)
+        finally:
+            f.close()
 
     def _mapped(self) -> mmap.mmap | None:
         """Map the sealed file (pool lock held, no handle held yet).
@@ -401,15 +411,7 @@ def _rows(
         if data is None:
             size[texty] = 0
         else:
-            # The payload length is in the frame: data_len u32 at byte 33.
-            raw = np.frombuffer(data, np.uint8)
-            at = entries["offset"][texty].astype(np.int64) + _DL_OFF
-            ok = at + 4 <= len(raw)
-            dl = np.zeros(len(texty), np.int64)
-            good = at[ok]
-            if len(good):
-                b = raw[good[:, None] + np.arange(4)].astype(np.int64)
-                dl[ok] = b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16) | (b[:, 3] << 24)
+            dl = segment_data_lens(data, entries["offset"][texty].astype(np.int64))
             size[texty] = dl - meta4[texty]
     size[deleted] = 0
     rows["bytes"] = np.clip(size, 0, 0xFFFFFFFF)
@@ -503,6 +505,7 @@ def check_published(
     problems: list[str] = []
     ranges: list[tuple[int, int]] = []
     starts = sorted([*listed, *(_first_of(p) for p in strays)])
+    listed_counts = dict(recorded)
 
     def until(first: int, count: int | None) -> int:
         if count is not None:
@@ -540,6 +543,11 @@ def check_published(
         newest = i == len(listed) - 1
         if newest:
             need = ckpt - first + 1
+            if first in listed_counts:
+                # The snapshot knows how many entries it wrote: seqs after them up to
+                # the head are holes (never written: lost to a crash before the head
+                # watermark), not missing entries.
+                need = min(need, listed_counts[first])
             if ckpt > floor and len(raw) // IDX_ENTRY_SIZE < need:
                 have = len(raw) // IDX_ENTRY_SIZE
                 problems.append(
@@ -716,7 +724,7 @@ def flip_deleted(fs: Fs, idx_path: str, first_seq: int, seqs: list[int]) -> None
         for s in sorted(set(seqs)):
             i = s - first_seq
             if 0 <= i < n:
-                write_all(f, bytes((DELETED,)), i * IDX_ENTRY_SIZE + _FLAGS_OFF)
+                write_all(f, bytes((DELETED,)), i * IDX_ENTRY_SIZE + IDX_FLAGS_OFFSET)
                 wrote = True
         if wrote:
             f.fdatasync()

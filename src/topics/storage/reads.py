@@ -1,0 +1,97 @@
+"""Reads whose segment bytes come from a thread pool, never from the event loop.
+
+A read of the engine (a diff pass, an SSE or WebSocket drain step, a Kafka
+fetch pass) is synchronous and walks loop-owned state. Run through
+:meth:`ReadPool.run`, it executes on the loop with
+:data:`~topics.engine.frames.read_ahead` set: the first time it needs bytes of
+a segment file it stops with :class:`~topics.engine.frames.ColdRead` before
+changing anything, one of the pool's threads reads the span (`pread` releases
+the GIL while the disk answers), and the read runs again with those bytes at
+hand. Records still in memory never leave the loop. A client scanning cold
+history therefore costs the loop only the rendering, the same as a warm read
+(docs/ARCHITECTURE.md, "The read path").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from topics.engine.frames import ColdRead, ReadAhead, read_ahead
+
+__all__ = ["READ_THREADS", "ReadPool", "read_pool"]
+
+log = logging.getLogger("topics.storage")
+
+T = TypeVar("T")
+
+#: Threads reading segment files for reads off the loop (at most this many preads at once).
+READ_THREADS = 4
+#: Fetches one read may need before it runs with blocking reads on the loop instead
+#: (a read touches one span per segment it crosses; this is far above that).
+MAX_FETCHES = 64
+
+
+class ReadPool:
+    """A bounded pool of threads that fetch segment spans for reads on the loop.
+
+    Thread-safe to create; :meth:`run` must be called from the event loop.
+    Counters: `fetches` (spans read), `fetched_bytes`.
+    """
+
+    def __init__(self, threads: int = READ_THREADS) -> None:
+        self.threads = max(1, threads)
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self.fetches = 0
+        self.fetched_bytes = 0
+
+    def _executor(self) -> ThreadPoolExecutor:
+        pool = self._pool
+        if pool is None:
+            with self._lock:
+                pool = self._pool
+                if pool is None:
+                    pool = self._pool = ThreadPoolExecutor(
+                        self.threads, thread_name_prefix="topics-read"
+                    )
+        return pool
+
+    async def run(self, read: Callable[[], T]) -> T:
+        """`read()` on the loop, its segment bytes fetched on the pool first.
+
+        `read` must change nothing before it raises (engine reads raise
+        ColdRead before touching state). Returns what `read` returns; raises
+        what it raises, and OSError when a fetch fails.
+        """
+        ahead = ReadAhead()
+        loop = asyncio.get_running_loop()
+        for _ in range(MAX_FETCHES):
+            token = read_ahead.set(ahead)
+            try:
+                return read()
+            except ColdRead as need:
+                miss = need
+            finally:
+                read_ahead.reset(token)
+            buf = await loop.run_in_executor(self._executor(), miss.source.fetch, miss.lo, miss.hi)
+            self.fetches += 1
+            self.fetched_bytes += len(buf)
+            ahead.add(miss.source, miss.lo, buf)
+        log.warning("a read needed more than %d segment fetches; reading on the loop", MAX_FETCHES)
+        return read()
+
+    def close(self) -> None:
+        """Stop the threads (waits for running fetches); a later run starts new ones."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+
+#: The pool every read of this process uses.
+read_pool = ReadPool()

@@ -1,0 +1,175 @@
+"""Reads of records in segment files fetch their bytes on the read pool, never on the loop.
+
+docs/ARCHITECTURE.md, "The read path": a diff pass, an SSE/WebSocket drain step or
+a Kafka fetch pass run on the loop, but the segment bytes they need are read by
+:data:`topics.storage.reads.read_pool` first. These tests use the real filesystem
+(:class:`tests.support.realstore.RealStore`) after a checkpoint moved every record
+into segments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.support.realstore import RealStore
+from topics.engine.core import DiffParams
+from topics.engine.frames import ColdRead, ReadAhead, read_ahead, span_of
+from topics.engine.watch import Delivery, ReadOpts, drain_step
+from topics.storage.reads import ReadPool
+from topics.storage.topicstore import SegmentSource, open_files
+
+N = 3000
+
+
+def _fill(store: RealStore) -> None:
+    recs = [{"data": {"i": i, "pad": "x" * 40}, "tag": f"t{i % 7}"} for i in range(N)]
+    for k in range(0, N, 500):
+        store.write_many([("hist", recs[k : k + 500], None)])
+    store.checkpoint()
+    open_files.clear()
+
+
+def _all_seqs(records: list[bytes]) -> list[int]:
+    return [orjson.loads(b)["$seq"] for b in records]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Any:
+    with RealStore(str(tmp_path / "data")) as s:
+        _fill(s)
+        yield s
+
+
+def test_a_diff_over_segments_reads_no_file_on_the_loop(
+    store: RealStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    eng = store.eng()
+    loop_thread = threading.get_ident()
+    spans: list[int] = []
+    fetches: list[int] = []
+    real_span, real_fetch = SegmentSource.span, SegmentSource.fetch
+
+    def span(self: SegmentSource, lo: int, hi: int) -> Any:
+        spans.append(threading.get_ident())
+        return real_span(self, lo, hi)
+
+    def fetch(self: SegmentSource, lo: int, hi: int) -> bytes:
+        fetches.append(threading.get_ident())
+        return real_fetch(self, lo, hi)
+
+    monkeypatch.setattr(SegmentSource, "span", span)
+    monkeypatch.setattr(SegmentSource, "fetch", fetch)
+    pool = ReadPool(2)
+
+    async def scan() -> list[bytes]:
+        out: list[bytes] = []
+        cur = 0
+        while True:
+            p = DiffParams(cur, 700, None, True, True, 0, 1 << 20)
+            _t, r = await pool.run(lambda p=p: eng.diff("hist", p))
+            out.extend(r.records)
+            if r.caught_up:
+                return out
+            cur = r.next_from_seq
+
+    got = store.run(scan())
+    pool.close()
+    assert _all_seqs(got) == list(range(1, N + 1))
+    assert not spans, "a segment was read through span() while reads were off the loop"
+    assert fetches and loop_thread not in fetches
+    assert pool.fetches == len(fetches) and pool.fetched_bytes > N * 40
+    # The same records, rendered identically, as a blocking read gives them.
+    assert [orjson.loads(b) for b in got] == store.read_all("hist")
+
+
+def test_a_slow_disk_does_not_stall_the_loop(
+    store: RealStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fetch that takes 300 ms leaves the loop free: a ticker keeps running meanwhile."""
+    eng = store.eng()
+    real_fetch = SegmentSource.fetch
+
+    def slow_fetch(self: SegmentSource, lo: int, hi: int) -> bytes:
+        time.sleep(0.3)
+        return real_fetch(self, lo, hi)
+
+    monkeypatch.setattr(SegmentSource, "fetch", slow_fetch)
+    pool = ReadPool(2)
+
+    async def both() -> tuple[float, int]:
+        stop = False
+        worst = 0.0
+
+        async def ticker() -> None:
+            nonlocal worst
+            last = time.monotonic()
+            while not stop:
+                await asyncio.sleep(0.005)
+                now = time.monotonic()
+                worst = max(worst, now - last)
+                last = now
+
+        tick = asyncio.create_task(ticker())
+        await asyncio.sleep(0.02)
+        p = DiffParams(0, 100, None, True, True, 0, 1 << 20)
+        _t, r = await pool.run(lambda: eng.diff("hist", p))
+        stop = True
+        await tick
+        return worst, len(r.records)
+
+    worst, n = store.run(both())
+    pool.close()
+    assert n == 100
+    assert worst < 0.15, f"the loop stalled {worst * 1000:.0f} ms while the disk answered"
+
+
+def test_an_sse_drain_step_retries_without_delivering_twice(store: RealStore) -> None:
+    eng = store.eng()
+    t = eng.require("hist")
+    d = Delivery("hist", t)
+    opts = ReadOpts(limit=256, budget=1 << 20)
+    pool = ReadPool(1)
+
+    async def drain() -> list[int]:
+        seqs: list[int] = []
+        cur = 0
+        while True:
+            step = await pool.run(lambda c=cur: drain_step(eng, d, c, opts, relabel_first=True))
+            for ev in step.events:
+                seqs.extend(orjson.loads(b)["$seq"] for b in ev.records)
+            cur = step.cursor
+            if step.drained:
+                return seqs
+
+    seqs = store.run(drain())
+    pool.close()
+    assert seqs == list(range(1, N + 1))
+    assert pool.fetches >= 1
+
+
+def test_read_ahead_refuses_an_unfetched_span_and_serves_a_fetched_one(store: RealStore) -> None:
+    t = store.eng().require("hist")
+    src = next(s for s in t.sources.values() if isinstance(s, SegmentSource))
+    ahead = ReadAhead()
+    token = read_ahead.set(ahead)
+    try:
+        with pytest.raises(ColdRead) as e:
+            span_of(src, 0, 100)
+        assert (e.value.source, e.value.lo, e.value.hi) == (src, 0, 100)
+        ahead.add(src, 0, src.fetch(0, 200))
+        buf, base = span_of(src, 10, 150)
+        assert base == 0 and bytes(buf[10:150]) == src.fetch(10, 150)
+        with pytest.raises(ColdRead):
+            span_of(src, 150, 300)
+    finally:
+        read_ahead.reset(token)
+    # Outside a pooled read, blocking sources are read in place as before.
+    buf, base = span_of(src, 0, 100)
+    assert bytes(buf[0 - base : 100 - base]) == src.fetch(0, 100)
