@@ -134,6 +134,7 @@ class ReadResult:
     tombstone: Tombstone | None
     scanned: int
     seqs: list[int] = field(default_factory=list)
+    used: int = 0  # payload bytes delivered, counted against the budget
 
     @property
     def caught_up(self) -> bool:
@@ -729,6 +730,7 @@ class Topic:
         include_meta: bool = True,
         include_data: bool = True,
         fields: bool = False,
+        used: int = 0,
     ) -> ReadResult:
         """One pass of the read pipeline (retention applied by the caller).
 
@@ -736,7 +738,8 @@ class Topic:
         (raw JSON bytes for data/meta) instead of rendered wire objects.
 
         `limit` bounds delivered records (>= 1), `budget` the payload bytes (at least
-        one record is always delivered when any is deliverable). Skipped slots
+        one record is always delivered when any is deliverable, unless `used`, the
+        payload bytes an earlier pass of the same response delivered, is not 0). Skipped slots
         (expired, deleted, own-node) advance the cursor; a budget stop does not step
         over the record that did not fit. Raises FrameCorrupt when a segment frame
         does not verify, OSError when it cannot be read.
@@ -782,7 +785,7 @@ class Topic:
         cutoff = now - self.config.ttl_ms if self.config.ttl_ms > 0 else None
         out: list[bytes] = []
         seqs: list[int] = []
-        used = 0
+        first = used == 0
         scanned = 0
         sources = self.sources
         node_json = self._nodes.json_by_bytes
@@ -805,7 +808,7 @@ class Topic:
                 b = w["bytes"][deliver].astype(np.int64)
                 cs = np.cumsum(b) + used
                 fit = int(np.searchsorted(cs, budget, side="right"))
-                if not out and fit == 0:
+                if first and not out and fit == 0:
                     fit = 1  # a single oversized record cannot wedge the cursor
                 take = min(want, fit)
                 if take == want:
@@ -856,7 +859,7 @@ class Topic:
             nxt = nxt + stop_pos + 1
             if stopped:
                 break
-        return ReadResult(out, nxt, H, E, tomb, scanned, seqs)
+        return ReadResult(out, nxt, H, E, tomb, scanned, seqs, used)
 
     # ---------------------------------------------------------------- lookup
 

@@ -167,6 +167,8 @@ async def _run(ctx: Ctx, session: WatchSession) -> None:
                 while True:
                     n = len(buf)
                     drained = await read_pool.run(partial(ws.pass_sse, name, buf))
+                    if not drained:
+                        await asyncio.sleep(0)  # a catch-up leaves the loop free between passes
                     for i in range(n, len(buf)):
                         size += len(buf[i])
                     if size >= FLUSH_BYTES:

@@ -438,6 +438,7 @@ class Connection:
                         break
                     if step.drained:
                         break
+                    await asyncio.sleep(0)  # a catch-up leaves the loop free between steps
             await self.wake.wait()
 
     def close(self) -> None:
