@@ -215,7 +215,15 @@ async def _serve(cfg: ServerConfig) -> int:
     return 0
 
 
+#: How long a thread may hold the GIL while another waits for it (seconds; CPython's
+#: default is 5 ms). The WAL writer and the read pool finish their work with a few
+#: Python steps after each fsync or pread; while the loop is busy they would wait up
+#: to this long for the GIL before an ack or a fetched span can go on.
+GIL_SWITCH_INTERVAL_S = 0.0005
+
+
 def _run(coro_fn: object) -> int:
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     try:
         import uvloop
 

@@ -83,3 +83,36 @@ def test_a_long_page_yields_to_the_loop_between_slices() -> None:
         return ticks - before
 
     assert asyncio.run(run()) >= 3
+
+
+def test_history_gives_way_to_a_write_in_flight() -> None:
+    from topics.storage.reads import HISTORY_MAX_WAIT_S, HistoryGate
+
+    gate = HistoryGate()
+
+    async def run() -> tuple[float, float, float]:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await gate.turn()  # no write: only a yield
+        idle = loop.time() - t0
+        with gate.write():
+            t0 = loop.time()
+            await gate.turn()  # the write never ends in time: bounded wait
+            capped = loop.time() - t0
+
+        async def short_write() -> None:
+            with gate.write():
+                await asyncio.sleep(0.0005)
+
+        task = asyncio.create_task(short_write())
+        await asyncio.sleep(0)
+        t0 = loop.time()
+        await gate.turn()  # returns when the write is done
+        ended = loop.time() - t0
+        await task
+        return idle, capped, ended
+
+    idle, capped, ended = asyncio.run(run())
+    assert idle < HISTORY_MAX_WAIT_S
+    assert capped >= HISTORY_MAX_WAIT_S * 0.9
+    assert ended < HISTORY_MAX_WAIT_S + 0.05

@@ -20,7 +20,7 @@ from topics.engine.topic import PendingWrite, ReadResult, Topic
 from topics.errors import TopicsError
 from topics.http.app import Ctx, drive
 from topics.http.responses import JSON_CT, Resp, json_resp
-from topics.storage.reads import read_pool
+from topics.storage.reads import history_gate, read_pool
 
 __all__ = [
     "put_topic",
@@ -83,7 +83,8 @@ async def wait_published(pw: PendingWrite) -> None:
             fut.set_result(None)
 
     pw.waiters.append(done)
-    await fut
+    with history_gate.write():
+        await fut
 
 
 async def wait_topic(t: Topic, timeout_s: float, stop: asyncio.Event | None = None) -> bool:
@@ -183,13 +184,16 @@ async def read_diff(eng: Engine, name: str, p: DiffParams) -> tuple[Topic, ReadR
     page before it. Raises as :meth:`Engine.diff`.
     """
     first = p if p.limit <= DIFF_SLICE else replace(p, limit=DIFF_SLICE)
+    t0 = eng.get(name)
+    if t0 is not None and t0.head_seq - p.from_seq > DIFF_SLICE:
+        await history_gate.turn()  # a page of history gives way to writes in flight
     t, r = await read_pool.run(partial(eng.diff, name, first))
     if first is p or len(r.records) < DIFF_SLICE:
         return t, r
     tomb = r.tombstone
     records, seqs, scanned = list(r.records), list(r.seqs), r.scanned
     while len(records) < p.limit and r.used < p.budget and not r.caught_up:
-        await asyncio.sleep(0)
+        await history_gate.turn()
         if eng.get(name) is not t or not t.alive:
             break
         now = eng.prepare_read(t)

@@ -23,7 +23,7 @@ from topics.engine.watch import WatchSession, WatchStream, clamp_heartbeat
 from topics.errors import TopicsError
 from topics.http.app import Ctx
 from topics.http.responses import Resp, json_resp
-from topics.storage.reads import read_pool
+from topics.storage.reads import history_gate, read_pool
 
 __all__ = ["create_watch", "stream", "SSE_HEADERS", "Waker"]
 
@@ -168,7 +168,7 @@ async def _run(ctx: Ctx, session: WatchSession) -> None:
                     n = len(buf)
                     drained = await read_pool.run(partial(ws.pass_sse, name, buf))
                     if not drained:
-                        await asyncio.sleep(0)  # a catch-up leaves the loop free between passes
+                        await history_gate.turn()  # a catch-up gives way between passes
                     for i in range(n, len(buf)):
                         size += len(buf[i])
                     if size >= FLUSH_BYTES:

@@ -41,7 +41,7 @@ from topics.http.app import Ctx, drive
 from topics.http.responses import perf
 from topics.http.topics import wait_published
 from topics.http.watch import Waker
-from topics.storage.reads import read_pool
+from topics.storage.reads import history_gate, read_pool
 
 __all__ = ["websocket", "Outbox", "OUTBOX_SLOTS"]
 
@@ -438,7 +438,7 @@ class Connection:
                         break
                     if step.drained:
                         break
-                    await asyncio.sleep(0)  # a catch-up leaves the loop free between steps
+                    await history_gate.turn()  # a catch-up gives way between steps
             await self.wake.wait()
 
     def close(self) -> None:

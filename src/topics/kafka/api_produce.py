@@ -26,6 +26,7 @@ from topics.kafka import protocol as P
 from topics.kafka.backend import BackendError, Staged
 from topics.kafka.producers import Duplicate
 from topics.kafka.records import RecordError, decode_batches, to_new_records
+from topics.storage.reads import history_gate
 
 if TYPE_CHECKING:
     from topics.kafka.broker import Broker, ConnState
@@ -149,11 +150,12 @@ async def produce(broker: Broker, conn: ConnState, req: Any, v: int) -> Any:
         prs = []
         for r in parts:
             ok = True
-            for s in r.staged:
-                ok = await s.committed() and ok
-            for entry in r.dups:
-                for s in entry[4]:
+            with history_gate.write():
+                for s in r.staged:
                     ok = await s.committed() and ok
+                for entry in r.dups:
+                    for s in entry[4]:
+                        ok = await s.committed() and ok
             if not ok:
                 for pid, inst in r.pids:
                     broker.seqs.forget(pid, inst)

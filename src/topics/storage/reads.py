@@ -17,13 +17,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import TypeVar
 
 from topics.engine.frames import ColdRead, ReadAhead, read_ahead
 
-__all__ = ["READ_THREADS", "ReadPool", "read_pool"]
+__all__ = ["READ_THREADS", "ReadPool", "read_pool", "HistoryGate", "history_gate"]
 
 log = logging.getLogger("topics.storage")
 
@@ -95,3 +96,55 @@ class ReadPool:
 
 #: The pool every read of this process uses.
 read_pool = ReadPool()
+
+
+#: Longest a historical read step waits for writes in flight (s): writes keep priority
+#: without starving a scan when they never stop.
+HISTORY_MAX_WAIT_S = 0.002
+
+
+class HistoryGate:
+    """Historical reads give way to writes waiting for their commit.
+
+    A write (HTTP, WebSocket or Kafka produce) holds :meth:`write` while it waits
+    for its commit point; a read catching up on history calls :meth:`turn` before
+    each slice after the first. While any write is in flight the slice waits until
+    none is (at most :data:`HISTORY_MAX_WAIT_S`), so the loop is free when the
+    commit lands and the ack goes out at once; otherwise it only yields to the
+    loop. Reads at the head never wait (docs/ARCHITECTURE.md, "The read path").
+    Loop-only, like the engine.
+    """
+
+    def __init__(self) -> None:
+        self.writes = 0
+        self._idle: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @contextmanager
+    def write(self) -> Iterator[None]:
+        """Held by a write while it waits for its commit point."""
+        self.writes += 1
+        try:
+            yield
+        finally:
+            self.writes -= 1
+            if not self.writes and self._idle is not None:
+                self._idle.set()
+
+    async def turn(self) -> None:
+        """Before a historical read step: yield, and wait while writes are in flight."""
+        if not self.writes:
+            await asyncio.sleep(0)
+            return
+        loop = asyncio.get_running_loop()
+        if self._idle is None or self._loop is not loop:
+            self._idle, self._loop = asyncio.Event(), loop
+        self._idle.clear()
+        try:
+            await asyncio.wait_for(self._idle.wait(), HISTORY_MAX_WAIT_S)
+        except TimeoutError:
+            pass
+
+
+#: The gate every shell of this process uses.
+history_gate = HistoryGate()
