@@ -19,7 +19,7 @@ from topics.config import SCOPE_READ
 from topics.kafka import errors as E
 from topics.kafka import protocol as P
 from topics.kafka.records import BatchWriter, to_kafka
-from topics.storage.reads import read_pool
+from topics.storage.reads import history_gate, read_pool
 
 if TYPE_CHECKING:
     from topics.kafka.backend import Partition
@@ -43,8 +43,39 @@ def _readable(
     return E.NONE, part
 
 
-def _fetch_pass(broker: Broker, conn: ConnState, req: Any, v: int) -> tuple[list[Any], int, bool]:
-    """Read every requested partition once: (topic responses, bytes, any error)."""
+def _read_partition(
+    broker: Broker, conn: ConnState, name: str, fp: Any, room: int, first: bool
+) -> tuple[int, int, int, bytes]:
+    """One partition of a fetch: (error code, high watermark, log start - 1, record batch)."""
+    hw = lso = -1
+    records = b""
+    err, part = _readable(broker, conn, name, fp.partition)
+    if part is not None:
+        hw = part.head_seq
+        lso = part.earliest_seq - 1
+        off = fp.fetch_offset
+        if off > hw or off < 0 or off + 1 < part.evict_floor:
+            err = E.OFFSET_OUT_OF_RANGE
+        elif off < hw and (room > 0 or first):
+            got = broker.backend.read(name, max(off, lso), max(room, 1))
+            if got:
+                w = BatchWriter(got[0].seq - 1, max(room, 1))
+                for rec in got:
+                    k, val, hs = to_kafka(rec.tag, rec.data, rec.meta)
+                    if not w.add(rec.seq - 1, rec.ts, k, val, hs):
+                        break
+                records = w.build()
+    return err, hw, lso, records
+
+
+async def _fetch_pass(
+    broker: Broker, conn: ConnState, req: Any, v: int
+) -> tuple[list[Any], int, bool]:
+    """Read every requested partition once: (topic responses, bytes, any error).
+
+    Each partition is read on its own through the read pool; one that reads
+    history first gives way to writes in flight (docs/ARCHITECTURE.md, "The read path").
+    """
     R = P.RESPONSES[P.FETCH]
     TR = R.FetchableTopicResponse
     PD = TR.PartitionData
@@ -56,27 +87,14 @@ def _fetch_pass(broker: Broker, conn: ConnState, req: Any, v: int) -> tuple[list
         name = ft.topic
         prs = []
         for fp in ft.partitions:
-            hw = lso = -1
-            records: bytes = b""
-            err, part = _readable(broker, conn, name, fp.partition)
-            if part is not None:
-                hw = part.head_seq
-                lso = part.earliest_seq - 1
-                off = fp.fetch_offset
-                if off > hw or off < 0 or off + 1 < part.evict_floor:
-                    err = E.OFFSET_OUT_OF_RANGE
-                elif off < hw:
-                    room = min(fp.partition_max_bytes, budget - total)
-                    if room > 0 or total == 0:
-                        got = broker.backend.read(name, max(off, lso), max(room, 1))
-                        if got:
-                            w = BatchWriter(got[0].seq - 1, max(room, 1))
-                            for rec in got:
-                                k, val, hs = to_kafka(rec.tag, rec.data, rec.meta)
-                                if not w.add(rec.seq - 1, rec.ts, k, val, hs):
-                                    break
-                            records = w.build()
-                            total += len(records)
+            t = broker.backend.engine.get(name)
+            if t is not None and t.head_seq - fp.fetch_offset > HISTORY_RECORDS:
+                await history_gate.turn()
+            room = min(fp.partition_max_bytes, budget - total)
+            err, hw, lso, records = await read_pool.run(
+                partial(_read_partition, broker, conn, name, fp, room, total == 0)
+            )
+            total += len(records)
             if err != E.NONE:
                 errors = True
                 records = b""  # librdkafka rejects a null record set
@@ -94,6 +112,10 @@ def _fetch_pass(broker: Broker, conn: ConnState, req: Any, v: int) -> tuple[list
             )
         out.append(TR(topic=name, partitions=prs))
     return out, total, errors
+
+
+#: A fetch this many records or more behind the head reads history.
+HISTORY_RECORDS = 128
 
 
 async def fetch(broker: Broker, conn: ConnState, req: Any, v: int) -> Any:
@@ -116,7 +138,7 @@ async def fetch(broker: Broker, conn: ConnState, req: Any, v: int) -> Any:
     deadline = loop.time() + min(max(req.max_wait_ms, 0) / 1000, FETCH_MAX_WAIT_S)
     names = [ft.topic for ft in req.topics]
     while True:
-        out, total, errors = await read_pool.run(partial(_fetch_pass, broker, conn, req, v))
+        out, total, errors = await _fetch_pass(broker, conn, req, v)
         remaining = deadline - loop.time()
         if errors or total >= max(req.min_bytes, 1) or remaining <= 0:
             break
