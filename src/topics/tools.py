@@ -44,9 +44,8 @@ from topics.storage.check import (
     check,
     list_shards,
     list_topic_dirs,
-    read_file,
 )
-from topics.storage.fs import Fs, RealFs
+from topics.storage.fs import Fs, RealFs, read_file
 from topics.storage.segment import IDX_ENTRY_SIZE, scan_segments
 from topics.storage.wal import scan_shard
 

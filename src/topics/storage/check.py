@@ -65,7 +65,7 @@ from topics.format.frame import (
 )
 from topics.format.idx import DELETED, IDX_ENTRY_DTYPE
 from topics.format.snapshot import SnapshotInvalid, decode_snapshot
-from topics.storage.fs import Fs
+from topics.storage.fs import Fs, read_file
 from topics.storage.recovery import segment_damage
 from topics.storage.segment import IDX_ENTRY_SIZE, SegmentPaths, scan_segments, topic_dir
 from topics.storage.snapshot import list_snapshots
@@ -83,7 +83,6 @@ __all__ = [
     "list_shards",
     "list_topic_dirs",
     "list_wal_files",
-    "read_file",
 ]
 
 INFO = "info"
@@ -238,15 +237,6 @@ class CheckReport:
 
 
 # -- discovery -------------------------------------------------------------------
-
-
-def read_file(fs: Fs, path: str) -> bytes:
-    """The whole file at `path` (raises OSError)."""
-    f = fs.open(path)
-    try:
-        return f.pread(f.size(), 0)
-    finally:
-        f.close()
 
 
 def _listdir(fs: Fs, path: str) -> list[str]:
