@@ -36,7 +36,7 @@ import enum
 import os
 from typing import Protocol
 
-from topics.storage.fs import Fs, write_all
+from topics.storage.fs import Fs, write_file
 from topics.storage.segment import (
     SegmentRangeError,
     scan_segments,
@@ -121,13 +121,7 @@ class LocalSegmentStore:
 
     def _write_tmp(self, final: str, payload: bytes) -> str:
         tmp = final + ".tmp"
-        f = self.fs.open(tmp, create=True, write=True)
-        try:
-            f.truncate(0)
-            write_all(f, payload, 0)
-            f.fdatasync()
-        finally:
-            f.close()
+        write_file(self.fs, tmp, payload)
         return tmp
 
     def put(self, id: SegmentId, data: bytes, idx: bytes) -> None:
