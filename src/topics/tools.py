@@ -390,12 +390,8 @@ def format_report(report: CheckReport) -> list[str]:
     if r.problems:
         lines.append("")
         for p in r.problems:
-            where = []
-            if p.offset is not None:
-                where.append(f"offset {p.offset}")
-            if p.seq is not None:
-                where.append(f"seq {p.seq}")
-            at = f" [{', '.join(where)}]" if where else ""
+            where = p.where()
+            at = f" [{where}]" if where else ""
             lines.append(
                 f"{p.severity.upper():8} {p.kind:18} {_rel(p.path, r.data_dir)}{at}: {p.detail}"
             )

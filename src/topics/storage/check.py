@@ -168,13 +168,18 @@ class Problem:
             "detail": self.detail,
         }
 
-    def __str__(self) -> str:
-        where = []
+    def where(self) -> str:
+        """`offset N, seq M` with the parts that are known, or `""`."""
+        parts = []
         if self.offset is not None:
-            where.append(f"offset {self.offset}")
+            parts.append(f"offset {self.offset}")
         if self.seq is not None:
-            where.append(f"seq {self.seq}")
-        at = f" ({', '.join(where)})" if where else ""
+            parts.append(f"seq {self.seq}")
+        return ", ".join(parts)
+
+    def __str__(self) -> str:
+        where = self.where()
+        at = f" ({where})" if where else ""
         return f"{self.severity.upper()} {self.kind} {self.path}{at}: {self.detail}"
 
 
