@@ -46,7 +46,7 @@ from __future__ import annotations
 import posixpath
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -221,24 +221,13 @@ class CheckReport:
         self.problems.append(Problem(kind, path, detail, where.get("offset"), where.get("seq")))
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "data_dir": self.data_dir,
-            "ok": self.ok,
-            "shards": self.shards,
-            "wal_files": self.wal_files,
-            "frames": self.frames,
-            "torn_tails": self.torn_tails,
-            "mid_log_damage": self.mid_log_damage,
-            "lost_frames": self.lost_frames,
-            "topics": self.topics,
-            "segments": self.segments,
-            "records": self.records,
-            "deleted_records": self.deleted_records,
-            "snapshots": self.snapshots,
-            "valid_snapshots": self.valid_snapshots,
-            "files_checked": self.files_checked,
-            "problems": [p.as_dict() for p in self.problems],
-        }
+        """`data_dir`, `ok`, every count in field order, then `problems`."""
+        out: dict[str, Any] = {"data_dir": self.data_dir, "ok": self.ok}
+        for f in fields(self):
+            if f.name not in ("data_dir", "problems"):
+                out[f.name] = getattr(self, f.name)
+        out["problems"] = [p.as_dict() for p in self.problems]
+        return out
 
 
 # -- discovery -------------------------------------------------------------------
