@@ -17,7 +17,7 @@ import ipaddress
 import logging
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -237,6 +237,20 @@ def _int(
     return value
 
 
+def _ints(
+    env: Mapping[str, str], defaults: object, names: Iterable[str], at_least: Mapping[str, int]
+) -> dict[str, int]:
+    """Each field in `names`, in order, read from `TOPICS_<FIELD>` by :func:`_int`: at
+    least `at_least[field]` (else 0), defaulting to its value in `defaults` (a
+    default-built config, so each default is written once, on the dataclass)."""
+    return {
+        name: _int(
+            env, "TOPICS_" + name.upper(), getattr(defaults, name), minimum=at_least.get(name, 0)
+        )
+        for name in names
+    }
+
+
 def _port(env: Mapping[str, str], name: str, default: int) -> int:
     """`env[name]` as a port (:func:`parse_port`); unset or blank gives `default`."""
     raw = env.get(name)
@@ -296,31 +310,58 @@ def load_config(env: Mapping[str, str] | None = None) -> ServerConfig:
             f"refusing to bind {host}: not loopback and TOPICS_API_KEYS is empty "
             "(set keys, or TOPICS_ALLOW_INSECURE_NO_AUTH=1)"
         )
-    d = Limits()
-    limits = Limits(
-        max_topics=_int(env, "TOPICS_MAX_TOPICS", d.max_topics),
-        max_routers=_int(env, "TOPICS_MAX_ROUTERS", d.max_routers),
-        max_watch_sessions=_int(env, "TOPICS_MAX_WATCH_SESSIONS", d.max_watch_sessions),
-        max_sse_connections=_int(env, "TOPICS_MAX_SSE_CONNECTIONS", d.max_sse_connections),
-        max_sse_connections_per_key=_int(
-            env, "TOPICS_MAX_SSE_CONNECTIONS_PER_KEY", d.max_sse_connections_per_key
-        ),
-        max_inflight_per_key=_int(env, "TOPICS_MAX_INFLIGHT_PER_KEY", d.max_inflight_per_key),
-        max_total_bytes=_int(env, "TOPICS_MAX_TOTAL_BYTES", d.max_total_bytes),
-        max_body_bytes=_int(env, "TOPICS_MAX_BODY_BYTES", d.max_body_bytes),
-        max_batch_records=_int(env, "TOPICS_MAX_BATCH_RECORDS", d.max_batch_records, minimum=1),
-        max_record_bytes=_int(env, "TOPICS_MAX_RECORD_BYTES", d.max_record_bytes, minimum=1),
-        max_meta_bytes=_int(env, "TOPICS_MAX_META_BYTES", d.max_meta_bytes, minimum=1),
-        max_tag_bytes=_int(env, "TOPICS_MAX_TAG_BYTES", d.max_tag_bytes, minimum=1),
-        max_node_bytes=_int(env, "TOPICS_MAX_NODE_BYTES", d.max_node_bytes, minimum=1),
-        max_limit=_int(env, "TOPICS_MAX_LIMIT", d.max_limit, minimum=1),
-        max_watch_topics=_int(env, "TOPICS_MAX_WATCH_TOPICS", d.max_watch_topics, minimum=1),
-        max_claim=_int(env, "TOPICS_MAX_CLAIM", d.max_claim, minimum=1),
+    # The /v0 contract's fixed values are at least 1; the other caps may be 0 (off).
+    contract = (
+        "max_batch_records",
+        "max_record_bytes",
+        "max_meta_bytes",
+        "max_tag_bytes",
+        "max_node_bytes",
+        "max_limit",
+        "max_watch_topics",
+        "max_claim",
     )
+    caps = (
+        "max_topics",
+        "max_routers",
+        "max_watch_sessions",
+        "max_sse_connections",
+        "max_sse_connections_per_key",
+        "max_inflight_per_key",
+        "max_total_bytes",
+        "max_body_bytes",
+    )
+    limits = Limits(**_ints(env, Limits(), (*caps, *contract), dict.fromkeys(contract, 1)))
     shards_default = max(1, min(os.cpu_count() or 1, 8))
     # `0` means "the default" here, as documented for TOPICS_WAL_SHARDS.
     shards = _int(env, "TOPICS_WAL_SHARDS", shards_default) or shards_default
     kafka_port = _port(env, "TOPICS_KAFKA_PORT", 9092)
+    ints = _ints(
+        env,
+        ServerConfig(),
+        (
+            "wal_file_bytes",
+            "segment_max_events",
+            "segment_max_bytes",
+            "segment_max_age_ms",
+            "hot_retain_segments",
+            "hot_retain_bytes",
+            "checkpoint_interval_ms",
+            "checkpoint_wal_bytes",
+            "kafka_max_frame_bytes",
+            "kafka_idle_timeout_ms",
+            "kafka_frame_timeout_ms",
+            "http_header_timeout_ms",
+            "max_connections",
+            "max_connections_per_ip",
+        ),
+        {
+            "wal_file_bytes": 65_536,
+            "segment_max_events": 1,
+            "segment_max_bytes": 1,
+            "kafka_max_frame_bytes": 1,
+        },
+    )
     return ServerConfig(
         host=host,
         port=port,
@@ -331,22 +372,9 @@ def load_config(env: Mapping[str, str] | None = None) -> ServerConfig:
         data_dir=env.get("TOPICS_DATA_DIR", "").strip() or "./topics-data",
         cold_dir=env.get("TOPICS_COLD_DIR", "").strip() or None,
         wal_shards=shards,
-        wal_file_bytes=_int(env, "TOPICS_WAL_FILE_BYTES", 67_108_864, minimum=65_536),
-        segment_max_events=_int(env, "TOPICS_SEGMENT_MAX_EVENTS", 10_000, minimum=1),
-        segment_max_bytes=_int(env, "TOPICS_SEGMENT_MAX_BYTES", 67_108_864, minimum=1),
-        segment_max_age_ms=_int(env, "TOPICS_SEGMENT_MAX_AGE_MS", 3_600_000),
-        hot_retain_segments=_int(env, "TOPICS_HOT_RETAIN_SEGMENTS", 4),
-        hot_retain_bytes=_int(env, "TOPICS_HOT_RETAIN_BYTES", 0),
-        checkpoint_interval_ms=_int(env, "TOPICS_CHECKPOINT_INTERVAL_MS", 60_000),
-        checkpoint_wal_bytes=_int(env, "TOPICS_CHECKPOINT_WAL_BYTES", 67_108_864),
         limits=limits,
         log_level=(env.get("TOPICS_LOG") or env.get("RUST_LOG") or "info").strip().lower(),
         kafka_port=kafka_port,
         kafka_advertised=env.get("TOPICS_KAFKA_ADVERTISED", "").strip() or None,
-        kafka_max_frame_bytes=_int(env, "TOPICS_KAFKA_MAX_FRAME_BYTES", 67_108_864, minimum=1),
-        kafka_idle_timeout_ms=_int(env, "TOPICS_KAFKA_IDLE_TIMEOUT_MS", 600_000),
-        kafka_frame_timeout_ms=_int(env, "TOPICS_KAFKA_FRAME_TIMEOUT_MS", 30_000),
-        http_header_timeout_ms=_int(env, "TOPICS_HTTP_HEADER_TIMEOUT_MS", 10_000),
-        max_connections=_int(env, "TOPICS_MAX_CONNECTIONS", 16_384),
-        max_connections_per_ip=_int(env, "TOPICS_MAX_CONNECTIONS_PER_IP", 4_096),
+        **ints,
     )
