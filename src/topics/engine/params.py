@@ -6,6 +6,7 @@ type is a `400`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from topics.errors import bad_request
@@ -17,27 +18,35 @@ U64_MAX = (1 << 64) - 1
 Predicate = tuple[str, str]  # ("eq", value) or ("prefix", prefix)
 
 
+def _field(body: dict[str, Any], key: str, ok: Callable[[Any], bool], must: str) -> Any:
+    """`body[key]`, None when absent/null; `400` ("`key` must be `must`") when `ok` refuses it."""
+    v = body.get(key)
+    if v is not None and not ok(v):
+        raise bad_request(f"{key} must be {must}")
+    return v
+
+
+def _uint(top: int) -> Callable[[Any], bool]:
+    return lambda v: not isinstance(v, bool) and isinstance(v, int) and 0 <= v <= top
+
+
+_is_u64 = _uint(U64_MAX)
+
+
 def opt_u64(body: dict[str, Any], key: str) -> int | None:
     """A u64 field, or None when absent/null."""
-    v = body.get(key)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v > U64_MAX:
-        raise bad_request(f"{key} must be a non-negative integer")
+    v: int | None = _field(body, key, _is_u64, "a non-negative integer")
     return v
 
 
 U32_MAX = (1 << 32) - 1
+_is_u32 = _uint(U32_MAX)
 
 
 def u32(body: dict[str, Any], key: str, default: int) -> int:
     """A u32 field (`400` when negative, non-integer or above 2^32 - 1)."""
-    v = body.get(key)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v > U32_MAX:
-        raise bad_request(f"{key} must be an integer in [0, {U32_MAX}]")
-    return v
+    v: int | None = _field(body, key, _is_u32, f"an integer in [0, {U32_MAX}]")
+    return default if v is None else v
 
 
 def u64(body: dict[str, Any], key: str, default: int) -> int:
@@ -46,20 +55,12 @@ def u64(body: dict[str, Any], key: str, default: int) -> int:
 
 
 def boolean(body: dict[str, Any], key: str, default: bool) -> bool:
-    v = body.get(key)
-    if v is None:
-        return default
-    if not isinstance(v, bool):
-        raise bad_request(f"{key} must be a boolean")
-    return v
+    v: bool | None = _field(body, key, lambda v: isinstance(v, bool), "a boolean")
+    return default if v is None else v
 
 
 def opt_str(body: dict[str, Any], key: str) -> str | None:
-    v = body.get(key)
-    if v is None:
-        return None
-    if not isinstance(v, str):
-        raise bad_request(f"{key} must be a string")
+    v: str | None = _field(body, key, lambda v: isinstance(v, str), "a string")
     return v
 
 
