@@ -429,25 +429,6 @@ class ScanResult(NamedTuple):
 # -- encoding ------------------------------------------------------------------
 
 
-def _frame(
-    typ: int,
-    flags: int,
-    topic_id: int,
-    seq: int,
-    ts: int,
-    nb: bytes,
-    tb: bytes,
-    payload: bytes,
-) -> bytes:
-    nl, tl, dl = len(nb), len(tb), len(payload)
-    try:
-        head = HEADER.pack(_FIXED + nl + tl + dl + _CRC, typ, flags, topic_id, seq, ts, nl, tl, dl)
-    except struct.error as e:
-        raise FrameError(f"frame field out of range: {e}") from None
-    body = b"".join((head, nb, tb, payload))
-    return body + CHECKSUM.pack(checksum(memoryview(body)[4:]))
-
-
 def _text(s: str | None, what: str) -> bytes:
     if s is None:
         return b""
@@ -478,16 +459,10 @@ def encode_frame(
     if type not in FRAME_TYPES:
         raise FrameError(f"unknown frame type {type!r}")
     flags &= ~(F_HAS_NODE | F_HAS_TAG)
-    if node is not None:
-        flags |= F_HAS_NODE
-    if tag is not None:
-        flags |= F_HAS_TAG
     if type == APPEND and flags & F_HAS_META:
         if len(payload) < 4 or _U32.unpack_from(payload)[0] > len(payload) - 4:
             raise FrameError("has_meta payload does not start with a fitting meta_len")
-    return _frame(
-        type, flags, topic_id, seq, ts, _text(node, "node"), _text(tag, "tag"), bytes(payload)
-    )
+    return _frame(False, type, flags, topic_id, seq, ts, node, tag, bytes(payload), None)
 
 
 def encode_append(
@@ -506,11 +481,15 @@ def encode_append(
     `ts` is ms. The payload is `data`, or `meta_len u32 | meta | data` when
     `meta` is not None. Raises FrameError as :func:`encode_frame`.
     """
-    return _record_frame(False, topic_id, seq, ts, node, tag, data, meta, durable)
+    return _frame(
+        False, APPEND, F_DURABLE if durable else 0, topic_id, seq, ts, node, tag, data, meta
+    )
 
 
-def _record_frame(
+def _frame(
     seg: bool,
+    type: int,
+    flags: int,
     topic_id: int,
     seq: int,
     ts: int,
@@ -518,10 +497,12 @@ def _record_frame(
     tag: str | None,
     data: bytes,
     meta: bytes | None,
-    durable: bool,
 ) -> bytes:
-    """A record's WAL Append frame, or (`seg`) its segment frame."""
-    flags = F_DURABLE if durable else 0
+    """A WAL frame of `type` whose payload is `data` (after `meta_len u32 | meta` when
+    `meta` is not None), or (`seg`) a record's segment frame (which has no type byte).
+
+    The has_node/has_tag/has_meta flags are added to `flags` from what is given.
+    """
     if node is not None:
         flags |= F_HAS_NODE
     if tag is not None:
@@ -542,7 +523,7 @@ def _record_frame(
             )
         else:
             head = HEADER.pack(
-                _FIXED + nl + tl + dl + _CRC, APPEND, flags, topic_id, seq, ts, nl, tl, dl
+                _FIXED + nl + tl + dl + _CRC, type, flags, topic_id, seq, ts, nl, tl, dl
             )
     except struct.error as e:
         raise FrameError(f"frame field out of range: {e}") from None
@@ -811,7 +792,9 @@ def encode_control(
         payload = msgpack.packb(dict(body), use_bin_type=True)
     except Exception as e:  # TypeError/ValueError/OverflowError from the packer
         raise FrameError(f"control body cannot be packed: {e}") from None
-    return _frame(type, F_DURABLE if durable else 0, topic_id, seq, ts, b"", b"", payload)
+    return _frame(
+        False, type, F_DURABLE if durable else 0, topic_id, seq, ts, None, None, payload, None
+    )
 
 
 # -- decoding ------------------------------------------------------------------
@@ -1199,7 +1182,9 @@ def encode_segment_record(
 
     Raises FrameError as :func:`encode_append`.
     """
-    return _record_frame(True, topic_id, seq, ts, node, tag, data, meta, durable)
+    return _frame(
+        True, APPEND, F_DURABLE if durable else 0, topic_id, seq, ts, node, tag, data, meta
+    )
 
 
 assert HEADER.size == WAL_HDR and SEG_HEADER.size == SEG_HDR
