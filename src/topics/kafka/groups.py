@@ -291,14 +291,25 @@ class Coordinator:
     def heartbeat(self, tenant: str, group_id: str, generation: int, member_id: str) -> int:
         """Heartbeat: keeps the session alive; tells members when to rejoin."""
         g = self.groups.get((tenant, group_id))
+        code = self._seen(g, generation, member_id)
+        if g is None or code != E.NONE:
+            return code
+        if g.state == PREPARING:
+            return E.REBALANCE_IN_PROGRESS
+        return E.NONE
+
+    def _seen(self, g: Group | None, generation: int, member_id: str) -> int:
+        """A known member's session is kept alive; NONE when it is of `generation`.
+
+        UNKNOWN_MEMBER_ID when there is no such group or member, else
+        ILLEGAL_GENERATION for another generation.
+        """
         m = g.members.get(member_id) if g is not None else None
         if g is None or m is None:
             return E.UNKNOWN_MEMBER_ID
         m.last_seen = self._clock()
         if generation != g.generation:
             return E.ILLEGAL_GENERATION
-        if g.state == PREPARING:
-            return E.REBALANCE_IN_PROGRESS
         return E.NONE
 
     def leave(self, tenant: str, group_id: str, member_ids: list[str]) -> list[int]:
@@ -348,12 +359,9 @@ class Coordinator:
             if g is not None and g.members:
                 return E.UNKNOWN_MEMBER_ID
             return E.NONE
-        m = g.members.get(member_id) if g is not None else None
-        if g is None or m is None:
-            return E.UNKNOWN_MEMBER_ID
-        m.last_seen = self._clock()
-        if generation != g.generation:
-            return E.ILLEGAL_GENERATION
+        code = self._seen(g, generation, member_id)
+        if g is None or code != E.NONE:
+            return code
         if g.state == COMPLETING:
             # Members of the current generation may still commit while the group
             # prepares a rebalance (revocation commits), not once it completes.
