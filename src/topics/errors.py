@@ -57,11 +57,12 @@ def not_found_topic(name: str) -> TopicsError:
     return TopicsError(404, "topic_not_found", f'topic "{name}" does not exist', {"topic": name})
 
 
-def throttled(limit: str, maximum: int) -> TopicsError:
+def throttled(limit: str, maximum: int, message: str | None = None) -> TopicsError:
     """`429 throttled` for a resource cap, `detail {"limit", "max"}`.
 
-    See docs/API.md, "16. Limits and the knobs that shape the API".
+    The message is `message`, by default one naming the limit. See docs/API.md,
+    "16. Limits and the knobs that shape the API".
     """
-    return TopicsError(
-        429, "throttled", f"limit {limit} reached (max {maximum})", {"limit": limit, "max": maximum}
-    )
+    if message is None:
+        message = f"limit {limit} reached (max {maximum})"
+    return TopicsError(429, "throttled", message, {"limit": limit, "max": maximum})

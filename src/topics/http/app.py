@@ -38,7 +38,7 @@ from topics.engine.records import (
     iter_write_body,
     loads,
 )
-from topics.errors import TopicsError, bad_request
+from topics.errors import TopicsError, bad_request, throttled
 from topics.http.responses import Resp, error_resp
 from topics.node import Node
 
@@ -380,12 +380,7 @@ class TopicsApp:
         cap = self.config.limits.max_inflight_per_key
         cur = self.inflight.get(key, 0)
         if cap and cur >= cap:
-            raise TopicsError(
-                429,
-                "throttled",
-                "too many in-flight requests for this key",
-                {"limit": "max_inflight_per_key", "max": cap},
-            )
+            raise throttled("max_inflight_per_key", cap, "too many in-flight requests for this key")
         if m.route.inflight != INFLIGHT_HOLD:
             return None
         self.inflight[key] = cur + 1
@@ -544,21 +539,17 @@ class TopicsApp:
         """
         lim = self.config.limits
         if lim.max_sse_connections and self.sse_total >= lim.max_sse_connections:
-            raise TopicsError(
-                429,
-                "throttled",
-                "too many streaming connections",
-                {"limit": "max_sse_connections", "max": lim.max_sse_connections},
+            raise throttled(
+                "max_sse_connections", lim.max_sse_connections, "too many streaming connections"
             )
         if key is not None and self.auth.enabled:
             cur = self.sse_per_key.get(key, 0)
             cap = lim.max_sse_connections_per_key
             if cap and cur >= cap:
-                raise TopicsError(
-                    429,
-                    "throttled",
+                raise throttled(
+                    "max_sse_connections_per_key",
+                    cap,
                     "too many streaming connections for this key",
-                    {"limit": "max_sse_connections_per_key", "max": cap},
                 )
             self.sse_per_key[key] = cur + 1
         self.sse_total += 1
