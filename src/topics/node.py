@@ -42,13 +42,14 @@ from topics.engine.routers import RouterSet
 from topics.engine.watch import WatchRegistry
 
 if TYPE_CHECKING:
+    from topics.engine.topic import PendingWrite
     from topics.storage.fs import Fs
     from topics.storage.journal import WalJournal
     from topics.storage.lock import DataDirLock
     from topics.storage.recovery import RecoveryReport
     from topics.storage.runtime import Storage, StorageConfig
 
-__all__ = ["Node", "ROUTER_RETRY_S", "storage_config"]
+__all__ = ["Node", "ROUTER_RETRY_S", "storage_config", "wait_published"]
 
 log = logging.getLogger("topics")
 
@@ -337,6 +338,22 @@ class Node:
             "seconds": round(rep.seconds, 4),
         }
         return out
+
+
+async def wait_published(pw: PendingWrite) -> None:
+    """Wait until a staged batch has been published: its commit point passed, as its
+    durability class says (docs/ARCHITECTURE.md, "The write path"). Every shell
+    that writes waits so before it answers."""
+    if pw.published:
+        return
+    fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def done() -> None:
+        if not fut.done():
+            fut.set_result(None)
+
+    pw.waiters.append(done)
+    await fut
 
 
 def _log_recovery(report: RecoveryReport) -> None:

@@ -20,6 +20,7 @@ from topics.engine.topic import PendingWrite, ReadResult, Topic
 from topics.errors import TopicsError
 from topics.http.app import Ctx, drive
 from topics.http.responses import JSON_CT, Resp, json_resp
+from topics.node import wait_published as _wait_published
 from topics.storage.reads import history_gate, read_pool
 
 __all__ = [
@@ -73,18 +74,12 @@ async def delete_topic(ctx: Ctx) -> Resp:
 
 
 async def wait_published(pw: PendingWrite) -> None:
-    """Wait until a staged batch has been published (its commit point passed)."""
+    """Wait until a staged batch has been published (its commit point passed), holding
+    the history gate meanwhile (docs/ARCHITECTURE.md, "The read path")."""
     if pw.published:
         return
-    fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def done() -> None:
-        if not fut.done():
-            fut.set_result(None)
-
-    pw.waiters.append(done)
     with history_gate.write():
-        await fut
+        await _wait_published(pw)
 
 
 async def wait_topic(t: Topic, timeout_s: float, stop: asyncio.Event | None = None) -> bool:

@@ -4,20 +4,20 @@ The rest of `topics.kafka` never imports engine modules: it calls
 :class:`KafkaBackend`. The engine pieces used here are the public ones:
 `Engine.get` / `require` / `put_topic` / `delete_topic` / `begin_write` /
 `prepare_read` / `begin_delete` / `topics` (names only) / `limits`, the
-node's commit log (`Node.barrier`, `Node.open_request`), `WriteRequest`, `NewRecord`,
-`valid_topic_name`, `parse_topic_config`, and on a topic `head_seq`,
+node's commit log (`Node.barrier`, `Node.open_request`, `wait_published`),
+`WriteRequest`, `NewRecord`, `valid_topic_name`, `parse_topic_config`, and on a
+topic `head_seq`,
 `earliest_seq`, `evict_floor`, `live_count`, `topic_id`,
 `config.durability`, `read(..., fields=True)` (the read pipeline returning
 raw `(seq, ts, node, tag, data, meta)` tuples, no JSON rendering), `seq_for_ts`
 (a binary search on the index's ts column), `get_record` and `listeners`; on a
-staged write `first_seq`, `ts`, `published`, `ok` and `waiters`.
+staged write `first_seq`, `ts` and `ok`.
 
 All calls happen on the event loop that owns the engine.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -26,7 +26,7 @@ from topics.engine.core import Engine, WriteRequest
 from topics.engine.names import valid_topic_name
 from topics.engine.records import NewRecord
 from topics.errors import TopicsError
-from topics.node import Node
+from topics.node import Node, wait_published
 
 __all__ = ["KafkaBackend", "BackendError", "Partition", "Stored", "Staged"]
 
@@ -87,17 +87,8 @@ class Staged:
 
     async def committed(self) -> bool:
         """Wait for the durability-class commit point; True when it succeeded."""
-        pw = self._pw
-        if not pw.published:
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-            def done() -> None:
-                if not fut.done():
-                    fut.set_result(None)
-
-            pw.waiters.append(done)
-            await fut
-        return bool(pw.ok)
+        await wait_published(self._pw)
+        return bool(self._pw.ok)
 
 
 class KafkaBackend:
