@@ -227,5 +227,4 @@ def refuse_list_offsets(broker: Broker, req: Any, code: int) -> Any:
     """ListOffsets with `code` on every requested partition."""
     R = P.RESPONSES[P.LIST_OFFSETS]
     TR = R.ListOffsetsTopicResponse
-    PR = TR.ListOffsetsPartitionResponse
-    return R(topics=P.partition_codes(TR, PR, req.topics, lambda _t, _p: code))
+    return P.refuse_partitions(R, TR, TR.ListOffsetsPartitionResponse, req, code)

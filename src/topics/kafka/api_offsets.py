@@ -77,8 +77,7 @@ def refuse_offset_commit(broker: Broker, req: Any, code: int) -> Any:
     """OffsetCommit with `code` on every partition of the request."""
     R = P.RESPONSES[P.OFFSET_COMMIT]
     TR = R.OffsetCommitResponseTopic
-    PR = TR.OffsetCommitResponsePartition
-    return R(topics=P.partition_codes(TR, PR, req.topics, lambda _t, _p: code))
+    return P.refuse_partitions(R, TR, TR.OffsetCommitResponsePartition, req, code)
 
 
 def offset_fetch(broker: Broker, conn: ConnState, req: Any, v: int) -> Any:

@@ -77,6 +77,7 @@ __all__ = [
     "decode_request",
     "encode_response",
     "partition_codes",
+    "refuse_partitions",
 ]
 
 PRODUCE = 0
@@ -215,3 +216,13 @@ def partition_codes(
         )
         for t in topics
     ]
+
+
+def refuse_partitions(
+    response: Any, topic_type: Any, partition_type: Any, req: Any, code: int
+) -> Any:
+    """A `response` with `code` on every partition of the request's `topics`.
+
+    The refusal of the APIs :func:`partition_codes` serves (ListOffsets, OffsetCommit).
+    """
+    return response(topics=partition_codes(topic_type, partition_type, req.topics, lambda *_: code))
