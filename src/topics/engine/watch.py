@@ -62,6 +62,8 @@ __all__ = [
     "SHUTDOWN_DATA",
     "PassResult",
     "parse_read_opts",
+    "TopicStart",
+    "parse_topic_starts",
 ]
 
 SESSION_TTL_MS = 300_000
@@ -596,9 +598,36 @@ def _new_wid() -> str:
 
 
 @dataclass(slots=True)
-class _Entry:
+class TopicStart:
+    """Where a stream of one topic starts: `from_seq`, or the head when `tail`."""
+
     from_seq: int | None
     tail: bool
+
+    @classmethod
+    def parse(cls, spec: dict[str, Any]) -> TopicStart:
+        """`{from_seq?, tail?}`; `400` for a field of the wrong type."""
+        return cls(opt_u64(spec, "from_seq"), boolean(spec, "tail", False))
+
+    def cursor(self, t: Topic) -> int:
+        """The cursor the stream starts from on `t`."""
+        return t.head_seq if self.tail else (self.from_seq or 0)
+
+
+def parse_topic_starts(topics: dict[str, Any]) -> dict[str, TopicStart]:
+    """A `topics` object, name -> `{from_seq?, tail?}` or null: a watch session's
+    (docs/API.md, "12.1 `POST /v0/watch`") or a WebSocket subscribe's ("13. WebSocket").
+
+    `400` when an entry is not an object or has a field of the wrong type.
+    """
+    out: dict[str, TopicStart] = {}
+    for name, spec in topics.items():
+        if spec is None:
+            spec = {}
+        if not isinstance(spec, dict):
+            raise bad_request(f"topics.{name} must be an object")
+        out[name] = TopicStart.parse(spec)
+    return out
 
 
 @dataclass(slots=True)
@@ -661,8 +690,7 @@ class WatchRegistry:
                     continue
                 raise not_found_topic(name)
             self.engine.prepare_read(t, consume=False)
-            e = entries[name]
-            cur = t.head_seq if e.tail else (e.from_seq or 0)
+            cur = entries[name].cursor(t)
             cursors[name] = cur
             topics_out[name] = {
                 "from_seq": cur,
@@ -691,19 +719,13 @@ class WatchRegistry:
             "topics": topics_out,
         }
 
-    def _parse(self, body: Any) -> tuple[dict[str, _Entry], ReadOpts, int]:
+    def _parse(self, body: Any) -> tuple[dict[str, TopicStart], ReadOpts, int]:
         if not isinstance(body, dict):
             raise bad_request("watch body must be a JSON object")
         raw = body.get("topics")
         if not isinstance(raw, dict):
             raise bad_request("topics must be an object of name -> {from_seq?, tail?}")
-        entries: dict[str, _Entry] = {}
-        for name, spec in raw.items():
-            if spec is None:
-                spec = {}
-            if not isinstance(spec, dict):
-                raise bad_request(f"topics.{name} must be an object")
-            entries[name] = _Entry(opt_u64(spec, "from_seq"), boolean(spec, "tail", False))
+        entries = parse_topic_starts(raw)
         opts = parse_read_opts(
             body,
             max_limit=self.engine.limits.max_limit,

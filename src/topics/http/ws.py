@@ -25,15 +25,17 @@ from topics.auth import check_config_names
 from topics.config import SCOPE_ADMIN, SCOPE_READ, SCOPE_WRITE
 from topics.engine.core import DEFAULT_BUDGET as WS_DEFAULT_BUDGET
 from topics.engine.core import Replay
-from topics.engine.params import boolean, opt_u64
+from topics.engine.params import boolean
 from topics.engine.records import iter_density_check, loads
 from topics.engine.topic import Topic
 from topics.engine.watch import (
     WS_DEFAULT_LIMIT,
     Delivery,
     ReadOpts,
+    TopicStart,
     drain_step,
     parse_read_opts,
+    parse_topic_starts,
     render_ws,
 )
 from topics.errors import TopicsError
@@ -248,23 +250,18 @@ class Connection:
     # ---------------------------------------------------------- subscribe
 
     async def subscribe(self, cmd: dict[str, Any], rid: Any) -> bytes | None:
-        wanted: dict[str, tuple[int | None, bool]] = {}
+        wanted: dict[str, TopicStart] = {}
         try:
             topics = cmd.get("topics")
             if topics is not None:
                 if not isinstance(topics, dict):
                     raise WsError("invalid_json", "topics must be an object")
-                for name, spec in topics.items():
-                    if spec is None:
-                        spec = {}
-                    if not isinstance(spec, dict):
-                        raise WsError("invalid_json", f"topics.{name} must be an object")
-                    wanted[name] = _entry(spec)
+                wanted.update(parse_topic_starts(topics))
             topic = cmd.get("topic")
             if topic is not None:
                 if not isinstance(topic, str):
                     raise WsError("invalid_json", "topic must be a string")
-                wanted[topic] = _entry(cmd)
+                wanted[topic] = TopicStart.parse(cmd)
             opts = parse_read_opts(
                 cmd,
                 max_limit=self.engine.limits.max_limit,
@@ -293,8 +290,7 @@ class Connection:
                     404, "topic_not_found", f'topic "{name}" does not exist', {"topic": name}
                 )
             self.engine.prepare_read(t, consume=False)
-            from_seq, tail = wanted[name]
-            resolved.append((name, t, t.head_seq if tail else (from_seq or 0)))
+            resolved.append((name, t, wanted[name].cursor(t)))
         reply = _msg(
             "subscribed",
             rid,
@@ -447,10 +443,6 @@ class Connection:
             if t is not None:
                 t.listeners.discard(self.on_topic)
         self.subs.clear()
-
-
-def _entry(spec: dict[str, Any]) -> tuple[int | None, bool]:
-    return opt_u64(spec, "from_seq"), boolean(spec, "tail", False)
 
 
 async def websocket(ctx: Ctx) -> None:
