@@ -189,12 +189,12 @@ class TopicSelector:
         return re.fullmatch(self.pattern, name) is not None
 
 
-def parse_topics(options: Mapping[str, str], *, required: bool = True) -> TopicSelector | None:
+def parse_topics(options: Mapping[str, str]) -> TopicSelector:
     """`topics` (comma-separated names, or a JSON array) or `topicPattern` (a Python regex,
-    matched against the whole name). Exactly one is needed when `required`.
+    matched against the whole name). Exactly one is needed.
 
-    Raises OptionError when both or (if required) neither is set, when the list is
-    empty, or when the pattern does not compile.
+    Raises OptionError when both or neither is set, when the list is empty, or when
+    the pattern does not compile.
     """
     raw_list = _get(options, "topics")
     if raw_list is None:
@@ -203,12 +203,10 @@ def parse_topics(options: Mapping[str, str], *, required: bool = True) -> TopicS
     if raw_list is not None and raw_pat is not None:
         raise OptionError("set only one of the options topics and topicPattern")
     if raw_list is None and raw_pat is None:
-        if required:
-            raise OptionError(
-                "set one of the options topics (comma-separated topic names) "
-                "or topicPattern (a regex matched against whole topic names)"
-            )
-        return None
+        raise OptionError(
+            "set one of the options topics (comma-separated topic names) "
+            "or topicPattern (a regex matched against whole topic names)"
+        )
     if raw_list is not None:
         text = str(raw_list).strip()
         names: list[str]

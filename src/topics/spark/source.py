@@ -283,9 +283,7 @@ class _OfflineReader(DataSourceReader):
         self.data_dir = str(opt.get(options, "path"))
         self.cold_dir = opt.get(options, "coldDir")
         self.value_format = value_format
-        sel = opt.parse_topics(options)
-        assert sel is not None
-        self.selector = sel
+        self.selector = opt.parse_topics(options)
         self.starting, self.ending = _batch_range(options)
         self.ts_start = _ms_option(options, "startingTimestamp")
         self.ts_end = _ms_option(options, "endingTimestamp")
@@ -355,9 +353,7 @@ class _ServerOptions:
         self.url = str(opt.get(options, "url"))
         self.token = opt.get(options, "token")
         self.value_format = value_format
-        sel = opt.parse_topics(options)
-        assert sel is not None
-        self.selector = sel
+        self.selector = opt.parse_topics(options)
         self.fail_on_data_loss = opt.parse_bool(options, "failOnDataLoss", True)
         self.max_seqs_per_partition = opt.parse_int(
             options, "maxSeqsPerPartition", 100_000, minimum=1
