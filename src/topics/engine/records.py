@@ -11,16 +11,20 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Generator, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
 
 from topics.errors import TopicsError, bad_request
 
+if TYPE_CHECKING:
+    from topics.config import Limits
+
 __all__ = [
     "NewRecord",
     "Payload",
     "prepare_records",
+    "record_caps",
     "PreparedRecords",
     "iter_write_body",
     "iter_density_check",
@@ -217,6 +221,19 @@ def _batch_too_large(max_batch: int, count: int) -> TopicsError:
     return TopicsError(
         400, "batch_too_large", f"a write carries at most {max_batch} records (got {count})"
     )
+
+
+def record_caps(limits: Limits) -> dict[str, int]:
+    """The server's record caps as the keywords of :func:`prepare_records` and
+    :func:`iter_write_body` (docs/API.md, "16. Limits and the knobs that shape the API")."""
+    return {
+        "max_batch": limits.max_batch_records,
+        "max_record_bytes": limits.max_record_bytes,
+        "max_meta_bytes": limits.max_meta_bytes,
+        "max_meta_keys": limits.max_meta_keys,
+        "max_tag_bytes": limits.max_tag_bytes,
+        "max_node_bytes": limits.max_node_bytes,
+    }
 
 
 def prepare_records(

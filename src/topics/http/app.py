@@ -37,6 +37,7 @@ from topics.engine.records import (
     iter_density_check,
     iter_write_body,
     loads,
+    record_caps,
 )
 from topics.errors import TopicsError, bad_request, throttled
 from topics.http.responses import Resp, error_resp
@@ -517,16 +518,7 @@ class TopicsApp:
 
     async def _parse_write_body(self, raw: bytes | bytearray) -> dict[str, Any] | None:
         """Run :func:`iter_write_body`, letting the loop run between pieces."""
-        lim = self.engine.limits
-        steps = iter_write_body(
-            raw,
-            max_batch=lim.max_batch_records,
-            max_record_bytes=lim.max_record_bytes,
-            max_meta_bytes=lim.max_meta_bytes,
-            max_meta_keys=lim.max_meta_keys,
-            max_tag_bytes=lim.max_tag_bytes,
-            max_node_bytes=lim.max_node_bytes,
-        )
+        steps = iter_write_body(raw, **record_caps(self.engine.limits))
         body: dict[str, Any] | None = await drive(steps)
         return body
 
