@@ -290,19 +290,15 @@ class Coordinator:
 
     def heartbeat(self, tenant: str, group_id: str, generation: int, member_id: str) -> int:
         """Heartbeat: keeps the session alive; tells members when to rejoin."""
-        g = self.groups.get((tenant, group_id))
-        code = self._seen(g, generation, member_id)
-        if g is None or code != E.NONE:
-            return code
-        if g.state == PREPARING:
-            return E.REBALANCE_IN_PROGRESS
-        return E.NONE
+        return self._member_check(
+            self.groups.get((tenant, group_id)), generation, member_id, PREPARING
+        )
 
-    def _seen(self, g: Group | None, generation: int, member_id: str) -> int:
-        """A known member's session is kept alive; NONE when it is of `generation`.
+    def _member_check(self, g: Group | None, generation: int, member_id: str, busy: str) -> int:
+        """Keep a known member's session alive; NONE when it may go on.
 
-        UNKNOWN_MEMBER_ID when there is no such group or member, else
-        ILLEGAL_GENERATION for another generation.
+        UNKNOWN_MEMBER_ID when there is no such group or member, ILLEGAL_GENERATION
+        for another generation, REBALANCE_IN_PROGRESS while the group is in state `busy`.
         """
         m = g.members.get(member_id) if g is not None else None
         if g is None or m is None:
@@ -310,6 +306,8 @@ class Coordinator:
         m.last_seen = self._clock()
         if generation != g.generation:
             return E.ILLEGAL_GENERATION
+        if g.state == busy:
+            return E.REBALANCE_IN_PROGRESS
         return E.NONE
 
     def leave(self, tenant: str, group_id: str, member_ids: list[str]) -> list[int]:
@@ -359,14 +357,9 @@ class Coordinator:
             if g is not None and g.members:
                 return E.UNKNOWN_MEMBER_ID
             return E.NONE
-        code = self._seen(g, generation, member_id)
-        if g is None or code != E.NONE:
-            return code
-        if g.state == COMPLETING:
-            # Members of the current generation may still commit while the group
-            # prepares a rebalance (revocation commits), not once it completes.
-            return E.REBALANCE_IN_PROGRESS
-        return E.NONE
+        # Members of the current generation may still commit while the group
+        # prepares a rebalance (revocation commits), not once it completes.
+        return self._member_check(g, generation, member_id, COMPLETING)
 
     # --------------------------------------------------------------- expiry
 
