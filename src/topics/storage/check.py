@@ -287,13 +287,9 @@ class _ShardChecker:
     def frame_content(self, path: str, fr: Frame) -> None:
         r = self.report
         if fr.type == APPEND:
-            try:
-                orjson.loads(fr.data)
-                meta = fr.meta
-                if meta is not None:
-                    orjson.loads(meta)
-            except (orjson.JSONDecodeError, FrameError) as e:
-                r.add("wal_bad_payload", path, f"Append payload is not JSON: {e}", offset=fr.offset)
+            bad = _payload_ok(fr)
+            if bad is not None:
+                r.add("wal_bad_payload", path, f"Append {bad}", offset=fr.offset)
             prev = self.last_seq.get(fr.topic_id)
             if prev is not None and fr.seq <= prev:
                 r.add(
