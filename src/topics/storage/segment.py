@@ -374,21 +374,21 @@ class SegmentWriter:
 
     @property
     def _data(self) -> File:
-        f = self._data_f
-        if f is None:
-            if self._closed:
-                raise SegmentError(f"segment {self.paths.data} is closed")
-            f = self._data_f = self.fs.open(self.paths.data, write=True)
-        return f
+        if self._data_f is None:
+            self._data_f = self._reopen(self.paths.data)
+        return self._data_f
 
     @property
     def _idx(self) -> File:
-        f = self._idx_f
-        if f is None:
-            if self._closed:
-                raise SegmentError(f"segment {self.paths.idx} is closed")
-            f = self._idx_f = self.fs.open(self.paths.idx, write=True)
-        return f
+        if self._idx_f is None:
+            self._idx_f = self._reopen(self.paths.idx)
+        return self._idx_f
+
+    def _reopen(self, path: str) -> File:
+        """Open one of the two files again after :meth:`release` (not once closed)."""
+        if self._closed:
+            raise SegmentError(f"segment {path} is closed")
+        return self.fs.open(path, write=True)
 
     @property
     def holds_files(self) -> bool:
