@@ -282,13 +282,7 @@ class SegmentWriter:
                         raise FileExistsError(f"segment file already exists: {path}")
                 finally:
                     f.close()
-        data = fs.open(self.paths.data, create=True, write=True)
-        try:
-            self._idx_f = fs.open(self.paths.idx, create=True, write=True)
-        except BaseException:
-            data.close()
-            raise
-        self._data_f = data
+        self._open_files(create=True)
         self._dir_synced = False
         self._parent_sync = created_dir
 
@@ -307,6 +301,16 @@ class SegmentWriter:
         self._idx_on_disk = 0
         self._data_f = None
         self._idx_f = None
+
+    def _open_files(self, *, create: bool) -> None:
+        """Open `.data`, then `.idx` (`.data` is closed again when that fails)."""
+        data = self.fs.open(self.paths.data, create=create, write=True)
+        try:
+            self._idx_f = self.fs.open(self.paths.idx, create=create, write=True)
+        except BaseException:
+            data.close()
+            raise
+        self._data_f = data
 
     @classmethod
     def resume(
@@ -328,13 +332,7 @@ class SegmentWriter:
         for path in w.paths:
             if not fs.exists(path):
                 raise FileNotFoundError(path)
-        data = fs.open(w.paths.data, write=True)
-        try:
-            w._idx_f = fs.open(w.paths.idx, write=True)
-        except BaseException:
-            data.close()
-            raise
-        w._data_f = data
+        w._open_files(create=False)
         w._dir_synced = True
         w._parent_sync = False
         try:
