@@ -18,7 +18,7 @@ from topics.storage.wal import WalEntry, scan_shard
 def _durable(h: Harness, fs: FaultFs) -> WalJournal:
     shards = open_shards(fs, "/data", 1, file_bytes=64 * 1024, sync_interval_s=0.002)
     journal = WalJournal(shards, h.loop)
-    journal.topic_ids = lambda n: h.engine.topics[n].topic_id if n in h.engine.topics else 0
+    journal.bind(h.engine)
     h.engine.journal = h.node.wal = journal  # the node waits on it for acknowledgments
     return journal
 

@@ -404,11 +404,12 @@ def test_u32_fields_reject_out_of_range(h: Harness) -> None:
 
 
 def test_failed_commit_is_500_and_publishes_nothing(h: Harness) -> None:
-    from topics.engine.journal import MemoryJournal
+    from topics.engine.events import Event, RecordsAppended
+    from topics.engine.journal import DONE, NOT_LOGGED, Handle, MemoryJournal
 
     class FailingJournal(MemoryJournal):
-        def submit_write(self, pw):  # type: ignore[no-untyped-def]
-            pw.topic.complete(pw, False)
+        def log(self, event: Event) -> Handle:
+            return NOT_LOGGED if isinstance(event, RecordsAppended) else DONE
 
     h.write("f", 1)
     h.engine.journal = FailingJournal()

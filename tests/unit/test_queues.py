@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -11,7 +10,8 @@ from tests.support.clock import TestClock
 
 from topics.config import Limits
 from topics.engine.core import Engine
-from topics.engine.journal import MemoryJournal
+from topics.engine.events import Event, LeaseChanged, RecordsAppended, SeqsDeleted
+from topics.engine.journal import DONE, Handle, MemoryJournal
 from topics.engine.queues import (
     Claimer,
     Queues,
@@ -509,18 +509,19 @@ class DeferredJournal(MemoryJournal):
 
     def __init__(self, hold: set[str]) -> None:
         self.hold = hold
-        self.held: list[PendingWrite] = []
+        self.held: list[Handle] = []
 
-    def submit_write(self, pw: PendingWrite) -> None:
-        if pw.topic.name in self.hold:
-            self.held.append(pw)
-        else:
-            pw.topic.complete(pw, True)
+    def log(self, event: Event) -> Handle:
+        if isinstance(event, RecordsAppended) and event.write.topic.name in self.hold:
+            h = Handle()
+            self.held.append(h)
+            return h
+        return DONE
 
     def release(self, ok: bool) -> None:
         held, self.held = self.held, []
-        for pw in held:
-            pw.topic.complete(pw, ok)
+        for h in held:
+            h.settle(ok)
 
 
 @pytest.mark.parametrize("ok", [True, False])
@@ -751,16 +752,17 @@ class LeaseJournal(MemoryJournal):
         self.deleted: list[tuple[str, list[int]]] = []
         self.fail_deletes = fail_deletes
 
-    def lease_event(
-        self, t: Topic, kind: str, seq: int, node: str, lease_id: int, deadline: int, d: int
-    ) -> None:
-        self.events.append((t.name, kind, seq, node, lease_id, deadline, d))
-
-    def seqs_deleted(self, t: Topic, seqs: list[int], on_commit: Callable[[bool], None]) -> None:
-        if self.fail_deletes:
-            raise OSError("disk on fire")
-        self.deleted.append((t.name, list(seqs)))
-        on_commit(True)
+    def log(self, event: Event) -> Handle:
+        if isinstance(event, LeaseChanged):
+            e = event
+            self.events.append(
+                (e.topic_id, e.kind, e.seq, e.node, e.lease_id, e.deadline_ms, e.deliveries)
+            )
+        elif isinstance(event, SeqsDeleted):
+            if self.fail_deletes:
+                raise OSError("disk on fire")
+            self.deleted.append((event.topic_id, list(event.seqs)))
+        return DONE
 
 
 def test_lease_events_logged_when_durable() -> None:
@@ -774,16 +776,17 @@ def test_lease_events_logged_when_durable() -> None:
     env.qs.nack("q", {"node": "w1", "seqs": [2], "delay_ms": 50})
     env.qs.ack("q", {"node": "w1", "seqs": [1]})
     env.qs.release_conn("q", c)
+    q = env.q.topic_id
     assert j.events == [
-        ("q", "claimed", 1, "w1", 1, T0 + 30_000, 1),
-        ("q", "claimed", 2, "w1", 2, T0 + 30_000, 1),
-        ("q", "claimed", 3, "w1", 3, T0 + 30_000, 1),
-        ("q", "extended", 1, "w1", 1, T0 + 1_010, 1),
-        ("q", "released", 2, "w1", 2, T0 + 60, 1),
-        ("q", "acked", 1, "w1", 1, T0 + 1_010, 1),
-        ("q", "released", 3, "w1", 3, 0, 1),
+        (q, "claimed", 1, "w1", 1, T0 + 30_000, 1),
+        (q, "claimed", 2, "w1", 2, T0 + 30_000, 1),
+        (q, "claimed", 3, "w1", 3, T0 + 30_000, 1),
+        (q, "extended", 1, "w1", 1, T0 + 1_010, 1),
+        (q, "released", 2, "w1", 2, T0 + 60, 1),
+        (q, "acked", 1, "w1", 1, T0 + 1_010, 1),
+        (q, "released", 3, "w1", 3, 0, 1),
     ]
-    assert j.deleted == [("q", [1])]
+    assert j.deleted == [(q, [1])]
 
 
 @pytest.mark.parametrize(

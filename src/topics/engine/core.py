@@ -26,7 +26,26 @@ import orjson
 
 from topics.clock import Clock
 from topics.config import Limits
-from topics.engine.journal import Journal, MemoryJournal
+from topics.engine.events import (
+    ConfigChanged,
+    Event,
+    FloorsAdvanced,
+    HeadReserved,
+    LeaseChanged,
+    RecordsAppended,
+    RecordsDeleted,
+    RecordsLost,
+    RecordsReplayed,
+    RouterDeleted,
+    RouterPut,
+    SegmentsAttached,
+    SeqsDeleted,
+    TopicCreated,
+    TopicDeleted,
+    TopicIdsUsed,
+    TopicRestored,
+)
+from topics.engine.journal import Handle, Journal, MemoryJournal
 from topics.engine.names import valid_topic_name
 from topics.engine.params import boolean, node_set, opt_str, opt_u64, predicate, u32, u64
 from topics.engine.records import MAX_KEY_BYTES, NewRecord, prepare_records
@@ -180,6 +199,8 @@ class Engine:
         self.limits = limits or Limits()
         self.journal: Journal = journal or MemoryJournal()
         self.topics: dict[str, Topic] = {}
+        # The same live instances by topic id (events name topics by id).
+        self._by_id: dict[int, Topic] = {}
         self.totals = Totals()
         self.nodes = NodeInterner()
         self.next_topic_id = 1
@@ -198,6 +219,10 @@ class Engine:
     def get(self, name: str) -> Topic | None:
         return self.topics.get(name)
 
+    def topic_by_id(self, topic_id: int) -> Topic | None:
+        """The live instance with `topic_id`, or None (never created, or deleted)."""
+        return self._by_id.get(topic_id)
+
     def require(self, name: str) -> Topic:
         """The live topic `name`, or `404 topic_not_found`."""
         t = self.topics.get(name)
@@ -212,33 +237,48 @@ class Engine:
         cap = self.limits.max_topics
         if cap and len(self.topics) >= cap:
             raise throttled("max_topics", cap)
-        t = Topic(name, self.next_topic_id, cfg, self.clock.now_ms(), self.totals, self.nodes)
+        return self._make_topic(name, self.next_topic_id, cfg, self.clock.now_ms())
+
+    def _make_topic(self, name: str, topic_id: int, cfg: TopicConfig, created_ms: int) -> Topic:
+        """A new, unregistered instance wired to log its floors."""
+        t = Topic(name, topic_id, cfg, created_ms, self.totals, self.nodes)
         t.on_floor_advance = self._floor_advanced
         return t
 
     def _floor_advanced(self, t: Topic) -> None:
         if t.alive and self.topics.get(t.name) is t:
-            self.journal.evict_watermark(t)
+            self.journal.log(FloorsAdvanced(t.topic_id, t.l_cap, t.l_ttl, t.l_trim, t.head_seq))
 
     def _register(self, t: Topic) -> None:
         # Log first: a create the journal refuses must leave no in-memory topic. One
-        # whose frame then fails to commit is withdrawn before any request waiting
+        # whose event then fails to commit is withdrawn before any request waiting
         # on it is answered (the request barrier turns the failure into 500).
-        def failed() -> None:
-            if t.alive and self.topics.get(t.name) is t:
-                self._withdraw(t)
+        h = self.journal.log(
+            TopicCreated(t.topic_id, t.name, t.config, t.epoch, t.created_ms, t.head_seq)
+        )
+        self._install(t)
 
-        self.journal.topic_created(t, on_failure=failed)
+        def done(ok: bool) -> None:
+            if not ok and t.alive and self.topics.get(t.name) is t:
+                self._remove(t)
+
+        h.add_done_callback(done)
+
+    def _install(self, t: Topic) -> None:
+        """Make `t` the live instance of its name."""
         self.next_topic_id = max(self.next_topic_id, t.topic_id + 1)
         self.topics[t.name] = t
+        self._by_id[t.topic_id] = t
         self.on_topic_created(t)
 
-    def _withdraw(self, t: Topic) -> None:
-        """Remove an instance whose create was never committed (nothing logged)."""
+    def _remove(self, t: Topic) -> list[str]:
+        """End the live instance `t` (nothing logged); the routers removed with it."""
         del self.topics[t.name]
-        self.on_topic_deleted(t)
+        self._by_id.pop(t.topic_id, None)
+        removed = self.on_topic_deleted(t)
         t.drop_all()
         t.notify()
+        return removed
 
     def ensure_topic(self, name: str) -> tuple[Topic, bool]:
         """Get or auto-create `name` with the default config (routers, dead letters)."""
@@ -274,15 +314,16 @@ class Engine:
                     },
                 )
             prev = existing.config
+            h = self.journal.log(ConfigChanged(existing.topic_id, cfg, existing.head_seq))
+            existing.config = cfg
 
-            def failed() -> None:
+            def done(ok: bool) -> None:
                 # Not committed: the previous config returns (unless changed again).
-                if existing.config is cfg:
+                if not ok and existing.config is cfg:
                     existing.config = prev
                     existing.notify()
 
-            self.journal.config_updated(existing, cfg, on_failure=failed)
-            existing.config = cfg
+            h.add_done_callback(done)
             existing.apply_retention(self.clock.now_ms())
             existing.notify()
             return existing, False
@@ -390,11 +431,8 @@ class Engine:
                     f'topic "{name}" still holds {t.live_count} records',
                     {"topic": name, "count": t.live_count},
                 )
-        self.journal.topic_deleted(t)
-        del self.topics[name]
-        removed = sorted(self.on_topic_deleted(t))
-        t.drop_all()
-        t.notify()
+        self.journal.log(TopicDeleted(t.topic_id, name, t.head_seq))
+        removed = sorted(self._remove(t))
         return {"topic": name, "deleted": True, "routers_removed": removed}
 
     # ------------------------------------------------------------ write path
@@ -514,13 +552,29 @@ class Engine:
             t.dedupe_pending[key] = pw
         pw.waiters.append(lambda: self._after_publish(pw))
         try:
-            self.journal.submit_write(pw)
+            h = self.journal.log(RecordsAppended(pw))
         except BaseException:
             t.unstage(pw)
             if key is not None:
                 t.dedupe_pending.pop(key, None)
             raise
+        self._commit_when(pw, h)
         return pw
+
+    @staticmethod
+    def _commit_when(pw: PendingWrite, h: Handle) -> None:
+        """Complete `pw` when its handle completes (now, when it already has)."""
+        if h.done:
+            Engine._committed(pw, h)
+        else:
+            h.add_done_callback(lambda ok: Engine._committed(pw, h))
+
+    @staticmethod
+    def _committed(pw: PendingWrite, h: Handle) -> None:
+        if h.error is not None:
+            pw.error = h.error
+        pw.fsync_ms = h.fsync_ms
+        pw.topic.complete(pw, h.ok)
 
     def admit(self, t: Topic, records: list[NewRecord]) -> None:
         """Admission checks: `discard:"reject"` caps and the byte quota.
@@ -648,7 +702,12 @@ class Engine:
         """An internal durable append (dead-letter copies) through the normal path."""
         pw = t.stage(records, self.clock.now_ms(), None)
         pw.waiters.append(lambda: self._after_publish(pw))
-        self.journal.submit_write(pw)
+        try:
+            h = self.journal.log(RecordsAppended(pw))
+        except BaseException:
+            t.unstage(pw)
+            raise
+        self._commit_when(pw, h)
         return pw
 
     # ------------------------------------------------------------- read path
@@ -706,14 +765,15 @@ class Engine:
         t.apply_retention(self.clock.now_ms())
         bound = t.head_seq + 1
         op = PendingDelete(t)
+        ev = RecordsDeleted(t.topic_id, before, pred, bound, t.head_seq)
 
         def on_commit(ok: bool) -> None:
             op.ok = ok
             if ok and t.alive and self.topics.get(t.name) is t:
-                op.deleted = self.apply_delete(t, before, pred, bound)
+                op.deleted = self.apply(ev)
             op.finish()
 
-        self.journal.records_deleted(t, before, pred, bound, on_commit)
+        self.journal.log(ev).add_done_callback(on_commit)
         return op
 
     def delete_result(self, op: PendingDelete) -> dict[str, Any]:
@@ -759,6 +819,164 @@ class Engine:
         if deleted:
             t.notify()
         return deleted
+
+    # ------------------------------------------------------------ log events
+
+    def apply(self, event: Event) -> int:
+        """Apply one log event (:mod:`topics.engine.events`) to this engine.
+
+        What recovery does with every event it decodes from a snapshot and the
+        WAL, and what a recorded event stream replayed into a fresh engine does
+        (docs/ARCHITECTURE.md, "The event log"). Nothing is logged, no cap or
+        quota is checked and no retention runs; an event about a topic instance
+        that is not live here (never created, or deleted since) changes nothing.
+        Returns how many records the event published or deleted (0 for the other
+        kinds). Raises KeyError for a type that is not an event; FrameCorrupt or
+        OSError when a `match` delete must read tags back from a source.
+        """
+        return self._APPLY[type(event)](self, event)
+
+    def apply_retention_all(self) -> None:
+        """Advance every topic's TTL and cap floors to the clock's now (after a replay)."""
+        now = self.clock.now_ms()
+        for t in self.topics.values():
+            t.apply_retention(now)
+
+    def _apply_created(self, ev: TopicCreated) -> int:
+        if ev.topic_id in self._by_id:
+            return 0
+        old = self.topics.get(ev.name)
+        if old is not None:  # an older instance whose delete was not replayed first
+            self._remove(old)
+        t = self._make_topic(ev.name, ev.topic_id, ev.config, ev.created_ms)
+        t.epoch = ev.epoch
+        self._install(t)
+        return 0
+
+    def _apply_restored(self, ev: TopicRestored) -> int:
+        old = self.topics.get(ev.name)
+        if ev.topic_id in self._by_id or old is not None:
+            return 0
+        t = self._make_topic(ev.name, ev.topic_id, ev.config, ev.created_ms)
+        t.epoch = ev.epoch
+        t.restore_head(ev.head_seq)
+        t.last_ts = ev.last_ts
+        t.l_cap, t.l_ttl, t.l_trim = ev.l_cap, ev.l_ttl, ev.l_trim
+        t.delete_below = ev.delete_below
+        t.lost = list(ev.lost)
+        t.last_write_ms = ev.last_write_ms
+        t.last_read_ms = ev.last_read_ms
+        self._install(t)
+        if ev.queue is not None and self.queues is not None and ev.config.is_queue:
+            self.queues.state(t).restore(ev.queue)
+        return 0
+
+    def _apply_deleted(self, ev: TopicDeleted) -> int:
+        t = self._by_id.get(ev.topic_id)
+        if t is not None:
+            self._remove(t)
+        return 0
+
+    def _apply_config(self, ev: ConfigChanged) -> int:
+        t = self._by_id.get(ev.topic_id)
+        if t is not None:
+            t.config = ev.config
+        return 0
+
+    def _apply_appended(self, ev: RecordsAppended) -> int:
+        t = self._by_id.get(ev.topic_id)
+        if t is None:
+            return 0
+        pw = ev.write
+        return t.restore_write(pw.first_seq, pw.ts, pw.records, pw.frames, pw.sizes)
+
+    def _apply_replayed(self, ev: RecordsReplayed) -> int:
+        t = self._by_id.get(ev.topic_id)
+        return 0 if t is None else t.replay_frames(ev.buf, ev.frames)
+
+    def _apply_records_deleted(self, ev: RecordsDeleted) -> int:
+        t = self._by_id.get(ev.topic_id)
+        if t is None:
+            return 0
+        return self.apply_delete(t, ev.before_seq, ev.predicate, ev.bound)
+
+    def _apply_seqs_deleted(self, ev: SeqsDeleted) -> int:
+        t = self._by_id.get(ev.topic_id)
+        return 0 if t is None else t.delete_seqs(list(ev.seqs))
+
+    def _apply_floors(self, ev: FloorsAdvanced) -> int:
+        t = self._by_id.get(ev.topic_id)
+        if t is not None:
+            t.raise_floors(ev.l_cap, ev.l_ttl, ev.l_trim)
+        return 0
+
+    def _apply_lease(self, ev: LeaseChanged) -> int:
+        t = self._by_id.get(ev.topic_id)
+        if t is not None and self.queues is not None and t.config.is_queue:
+            self.queues.state(t).replay(
+                ev.kind, ev.seq, ev.node, ev.lease_id, ev.deadline_ms, ev.deliveries
+            )
+        return 0
+
+    def _apply_router_put(self, ev: RouterPut) -> int:
+        src = self.topics.get(ev.source)
+        dst = self.topics.get(ev.dest)
+        if (
+            self.routers is not None
+            and src is not None
+            and dst is not None
+            and src.topic_id == ev.source_id
+            and dst.topic_id == ev.dest_id
+        ):
+            self.routers.restore(ev)
+        return 0
+
+    def _apply_router_deleted(self, ev: RouterDeleted) -> int:
+        if self.routers is not None:
+            self.routers.forget(ev.name)
+        return 0
+
+    def _apply_head(self, ev: HeadReserved) -> int:
+        t = self._by_id.get(ev.topic_id)
+        if t is not None and t.config.durability in ("disk", "ephemeral"):
+            t.reserve_head(ev.head_seq, t.last_ts)
+        return 0
+
+    def _apply_lost(self, ev: RecordsLost) -> int:
+        t = self._by_id.get(ev.topic_id)
+        if t is not None:
+            t.mark_lost(ev.first_seq, ev.last_seq, ev.ts)
+        return 0
+
+    def _apply_segments(self, ev: SegmentsAttached) -> int:
+        t = self._by_id.get(ev.topic_id)
+        if t is None:
+            return 0
+        t.attach_segments(ev.base_seq, ev.rows, dict(ev.sources))
+        return len(ev.rows)
+
+    def _apply_ids(self, ev: TopicIdsUsed) -> int:
+        self.next_topic_id = max(self.next_topic_id, ev.next_topic_id)
+        return 0
+
+    _APPLY: dict[type, Callable[[Engine, Any], int]] = {
+        TopicCreated: _apply_created,
+        TopicRestored: _apply_restored,
+        TopicDeleted: _apply_deleted,
+        ConfigChanged: _apply_config,
+        RecordsAppended: _apply_appended,
+        RecordsReplayed: _apply_replayed,
+        RecordsDeleted: _apply_records_deleted,
+        SeqsDeleted: _apply_seqs_deleted,
+        FloorsAdvanced: _apply_floors,
+        LeaseChanged: _apply_lease,
+        RouterPut: _apply_router_put,
+        RouterDeleted: _apply_router_deleted,
+        HeadReserved: _apply_head,
+        RecordsLost: _apply_lost,
+        SegmentsAttached: _apply_segments,
+        TopicIdsUsed: _apply_ids,
+    }
 
     # Kept for callers written against the earlier private name.
     _admit = admit

@@ -1,11 +1,14 @@
 """What the engine needs from durable storage: the journal seam.
 
-The engine hands every mutation to a :class:`Journal` before (or, for staged
-writes, instead of) making it visible. :class:`MemoryJournal` is the in-memory
-implementation: it commits every staged write at once and keeps nothing. The
-WAL-backed journal (sharded, group-committed; docs/ARCHITECTURE.md, "The write path")
-implements the same protocol and completes writes from its writer threads through the
-event loop.
+The engine hands every mutation to a :class:`Journal` as one typed event
+(:mod:`topics.engine.events`) before (or, for staged writes, instead of) making
+it visible: `journal.log(event)` returns a :class:`Handle` that completes once
+the event is durable for its topic's durability class (README "Durability and
+the data directory"), reporting success or failure. :class:`MemoryJournal` is
+the in-memory implementation: it keeps nothing and completes every handle at
+once. The WAL-backed journal (sharded, group-committed; docs/ARCHITECTURE.md,
+"The write path") implements the same protocol and completes handles from its
+writer threads through the event loop.
 """
 
 from __future__ import annotations
@@ -14,127 +17,83 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from topics.engine.params import Predicate
-    from topics.engine.routers import Router
-    from topics.engine.topic import PendingWrite, Topic
-    from topics.engine.topic_config import TopicConfig
+    from topics.engine.events import Event
+    from topics.errors import TopicsError
 
-__all__ = ["Journal", "MemoryJournal"]
+__all__ = ["Journal", "MemoryJournal", "Handle", "DONE", "NOT_LOGGED"]
+
+
+class Handle:
+    """The completion of one logged event.
+
+    `done` turns True once the event is durable for its class (`ok` True) or can
+    no longer become durable (`ok` False; `error` may say why better than
+    "500 internal", e.g. `507` when the disk is full). `fsync_ms` is the
+    duration of the `fdatasync` that made an fsync-class batch durable (ms, 0
+    otherwise). Callbacks run on the event loop, in the order they were added,
+    when the handle completes (at once when it already has).
+    """
+
+    __slots__ = ("done", "ok", "error", "fsync_ms", "_callbacks")
+
+    def __init__(self, done: bool = False, ok: bool = False) -> None:
+        self.done = done
+        self.ok = ok
+        self.error: TopicsError | None = None
+        self.fsync_ms = 0.0
+        self._callbacks: list[Callable[[bool], None]] | None = None
+
+    def add_done_callback(self, fn: Callable[[bool], None]) -> None:
+        """Call `fn(ok)` once the handle completes (now, when it already has)."""
+        if self.done:
+            fn(self.ok)
+        elif self._callbacks is None:
+            self._callbacks = [fn]
+        else:
+            self._callbacks.append(fn)
+
+    def settle(self, ok: bool, error: TopicsError | None = None, fsync_ms: float = 0.0) -> None:
+        """Complete the handle (the journal's side; a second call does nothing).
+
+        The callbacks run here, in order; an exception from one propagates
+        after the handle is marked done (the rest are skipped).
+        """
+        if self.done:
+            return
+        self.done = True
+        self.ok = ok
+        self.error = error
+        self.fsync_ms = fsync_ms
+        cbs, self._callbacks = self._callbacks, None
+        if cbs:
+            for fn in cbs:
+                fn(ok)
+
+
+#: A handle that completed successfully: what a journal returns for an event it
+#: made durable at once (or that its class never logs). Shared; never settled.
+DONE = Handle(True, True)
+#: A completed, failed handle: an event a journal could not log and whose
+#: refusal it does not raise (the best-effort floors and leases log).
+NOT_LOGGED = Handle(True, False)
 
 
 class Journal(Protocol):
     """Durable log of engine mutations (the WAL, or nothing for memory mode)."""
 
-    def submit_write(self, pw: PendingWrite) -> None:
-        """Log a staged batch; call `pw.topic.complete(pw, ok)` once committed."""
-        ...
+    def log(self, event: Event) -> Handle:
+        """Log `event`; the handle completes when it is durable for its class.
 
-    def topic_created(self, t: Topic, on_failure: Callable[[], None] | None = None) -> None:
-        """Log a topic create; `on_failure()` runs on the loop if it cannot be committed.
-
-        Raises TopicsError when the log refuses it (nothing is called then).
+        Raises TopicsError when the log refuses the event outright (nothing is
+        logged then), e.g. `429 throttled` (the log's queue is full), `507
+        insufficient_storage` (its disk is full), `413` (a batch larger than a
+        WAL file), `500` (read-only log).
         """
-        ...
-
-    def config_updated(
-        self, t: Topic, cfg: TopicConfig, on_failure: Callable[[], None] | None = None
-    ) -> None:
-        """Log a config change; `on_failure()` as for :meth:`topic_created`."""
-        ...
-
-    def topic_deleted(self, t: Topic) -> None: ...
-
-    def records_deleted(
-        self,
-        t: Topic,
-        before_seq: int | None,
-        pred: Predicate | None,
-        bound: int,
-        on_commit: Callable[[bool], None],
-    ) -> None:
-        """Log a record delete; `on_commit(ok)` runs on the loop once it is committed.
-
-        The engine applies the delete only in `on_commit(True)` (WAL-first:
-        logged before applied). Raises TopicsError when the log refuses it (nothing
-        is called then).
-        """
-        ...
-
-    def seqs_deleted(self, t: Topic, seqs: list[int], on_commit: Callable[[bool], None]) -> None:
-        """An explicit-seq delete (queue acks, dead-letter moves); as :meth:`records_deleted`."""
-        ...
-
-    def router_put(self, r: Router) -> None:
-        """A router created or updated (definition, cursor, dest base)."""
-        ...
-
-    def router_deleted(self, r: Router) -> None: ...
-
-    def evict_watermark(self, t: Topic) -> None:
-        """The topic's involuntary floors (`l_cap`, `l_ttl`, `l_trim`) advanced."""
-        ...
-
-    def lease_event(
-        self,
-        t: Topic,
-        kind: str,
-        seq: int,
-        node: str,
-        lease_id: int,
-        deadline: int,
-        deliveries: int,
-    ) -> None:
-        """A leases-log event (`claimed`, `released`, `extended`, `acked`)."""
         ...
 
 
 class MemoryJournal:
-    """No durability: every staged write commits immediately."""
+    """No durability: every event is done at once."""
 
-    def submit_write(self, pw: PendingWrite) -> None:
-        pw.topic.complete(pw, True)
-
-    def topic_created(self, t: Topic, on_failure: Callable[[], None] | None = None) -> None:
-        pass
-
-    def config_updated(
-        self, t: Topic, cfg: TopicConfig, on_failure: Callable[[], None] | None = None
-    ) -> None:
-        pass
-
-    def topic_deleted(self, t: Topic) -> None:
-        pass
-
-    def records_deleted(
-        self,
-        t: Topic,
-        before_seq: int | None,
-        pred: Predicate | None,
-        bound: int,
-        on_commit: Callable[[bool], None],
-    ) -> None:
-        on_commit(True)
-
-    def seqs_deleted(self, t: Topic, seqs: list[int], on_commit: Callable[[bool], None]) -> None:
-        on_commit(True)
-
-    def router_put(self, r: Router) -> None:
-        pass
-
-    def router_deleted(self, r: Router) -> None:
-        pass
-
-    def evict_watermark(self, t: Topic) -> None:
-        pass
-
-    def lease_event(
-        self,
-        t: Topic,
-        kind: str,
-        seq: int,
-        node: str,
-        lease_id: int,
-        deadline: int,
-        deliveries: int,
-    ) -> None:
-        pass
+    def log(self, event: Event) -> Handle:
+        return DONE

@@ -13,18 +13,18 @@ Sans-I/O and synchronous like the rest of the engine: time comes from
 window (``claim_jitter_ms``) is the HTTP shell's business: it gathers a cohort of
 :class:`Claimer` values and runs one :meth:`Queues.claim_pass` for all of them.
 
-Optional journal hooks (looked up with ``getattr`` so journals without queue
-support keep working):
+What the queue layer logs (:mod:`topics.engine.events`, through ``journal.log``):
 
-* ``journal.lease_event(topic, kind, seq, node, lease_id, deadline, deliveries)``
-  - one leases-log event (``claimed``, ``released``, ``extended``, ``acked``),
-  called only when ``leases_durable`` is on and the class is not ``ephemeral``;
-  failures are ignored (the leases log is best effort). For ``released`` the ``deadline``
-  argument carries the delayed nack's ready time (``0`` = claimable at once).
-* ``journal.seqs_deleted(topic, seqs)`` - log an explicit-seq-list record delete
-  (queue acks and dead-letter moves). For ``fsync`` queues it is
-  called before the delete and a failure aborts the ack with ``500``; for the
-  other classes it is called after the delete and failures are ignored.
+* :class:`~topics.engine.events.LeaseChanged` - one leases-log event (``claimed``,
+  ``released``, ``extended``, ``acked``), logged only when ``leases_durable`` is
+  on and the class is not ``ephemeral``; failures are ignored (the leases log is
+  best effort). For ``released`` the ``deadline_ms`` carries the delayed nack's
+  ready time (``0`` = claimable at once).
+* :class:`~topics.engine.events.SeqsDeleted` - an explicit-seq-list record delete
+  (queue acks and dead-letter moves). For ``fsync`` queues it is logged before
+  the delete (applied when it commits) and a refusal aborts the ack with
+  ``500``; for the other classes it is logged after the delete and failures are
+  ignored.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
+from topics.engine.events import LeaseChanged, LeaseKind, LeaseProjection, SeqsDeleted
 from topics.engine.params import opt_u64
 from topics.engine.records import NewRecord, Payload
 from topics.engine.topic import PendingWrite, Topic
@@ -269,6 +270,33 @@ class QueueState:
 
     # ---------------------------------------------------------------- replay
 
+    def restore(self, p: LeaseProjection) -> None:
+        """Install a snapshotted lease projection into this (empty) state."""
+        for s, node, lease_id, deadline in p.leases:
+            self.add_lease(s, Lease(node, lease_id, deadline, None))
+        self.deliveries = dict(p.deliveries)
+        self.delayed = list(p.delayed)
+        heapq.heapify(self.delayed)
+        for s in p.reclaim:
+            self.push_reclaim(s)
+        self.claim_cursor = p.claim_cursor
+        self.next_lease_id = p.next_lease_id
+        self.dead_lettered = p.dead_lettered
+
+    def projection(self) -> LeaseProjection:
+        """The lease state a snapshot records (see :meth:`restore`)."""
+        return LeaseProjection(
+            leases=tuple(
+                (s, ls.node, ls.lease_id, ls.deadline_ms) for s, ls in self.leases.items()
+            ),
+            deliveries=tuple(self.deliveries.items()),
+            delayed=tuple(self.delayed),
+            reclaim=tuple(sorted(self.reclaim_set)),
+            claim_cursor=self.claim_cursor,
+            next_lease_id=self.next_lease_id,
+            dead_lettered=self.dead_lettered,
+        )
+
     def replay(
         self, kind: str, seq: int, node: str, lease_id: int, deadline: int, deliveries: int
     ) -> None:
@@ -457,7 +485,7 @@ class Queues:
     def _lease_event(
         self,
         t: Topic,
-        kind: str,
+        kind: LeaseKind,
         seq: int,
         node: str,
         lease_id: int,
@@ -467,11 +495,9 @@ class Queues:
         cfg = t.config
         if not cfg.leases_durable or cfg.durability == "ephemeral":
             return
-        hook = getattr(self.engine.journal, "lease_event", None)
-        if hook is None:
-            return
+        ev = LeaseChanged(t.topic_id, kind, seq, node, lease_id, deadline, deliveries, t.head_seq)
         try:
-            hook(t, kind, seq, node, lease_id, deadline, deliveries)
+            self.engine.journal.log(ev)
         except Exception:  # the leases log is best effort
             pass
 
@@ -486,13 +512,14 @@ class Queues:
         if not seqs:
             return
         eng = self.engine
+        ev = SeqsDeleted(t.topic_id, tuple(seqs), t.head_seq)
         if t.config.durability == "fsync":
 
             def on_commit(ok: bool) -> None:
                 if not (t.alive and eng.topics.get(t.name) is t):
                     return
                 if ok:
-                    t.delete_seqs(seqs)
+                    eng.apply(ev)
                     return
                 # Not deleted: the jobs become claimable again when the delete fails.
                 q = self.state(t)
@@ -500,11 +527,11 @@ class Queues:
                     q.push_reclaim(s)
                 t.notify()
 
-            eng.journal.seqs_deleted(t, seqs, on_commit)
+            eng.journal.log(ev).add_done_callback(on_commit)
             return
-        t.delete_seqs(seqs)
+        eng.apply(ev)
         try:
-            eng.journal.seqs_deleted(t, seqs, lambda ok: None)
+            eng.journal.log(ev)
         except Exception:  # best-effort log for non-fsync classes
             pass
 

@@ -28,6 +28,7 @@ from typing import Any
 import orjson
 
 from topics.engine.core import Engine, decode_cursor, encode_cursor
+from topics.engine.events import RouterDeleted, RouterPut
 from topics.engine.names import valid_router_name, valid_topic_name
 from topics.engine.params import Predicate, boolean, predicate, predicate_matches, predicate_wire
 from topics.engine.records import NewRecord, loads
@@ -42,6 +43,7 @@ __all__ = [
     "PASS_MAX_SEQS",
     "router_key",
     "router_meta",
+    "router_event",
 ]
 
 #: Valid `guarantee` values (docs/API.md, "11. Routers"); the first is the default.
@@ -281,21 +283,20 @@ class RouterSet:
         if r.source not in self._by_source:
             self._dirty.discard(r.source)
 
-    def restore(self, state: dict[str, Any]) -> Router:
+    def restore(self, ev: RouterPut) -> Router:
         """Reinstall a router from its logged state (recovery; no checks, no logging)."""
-        filt = state.get("filter")
         r = Router(
-            name=state["name"],
-            source=state["source"],
-            dest=state["dest"],
-            preserve_node=bool(state.get("preserve_node", True)),
-            preserve_tag=bool(state.get("preserve_tag", True)),
-            filter=(str(filt[0]), str(filt[1])) if filt else None,
-            allow_cycle=bool(state.get("allow_cycle", False)),
-            guarantee=str(state.get("guarantee", "at_least_once")),
-            cursor=int(state.get("cursor", 0)),
-            forwarded_total=int(state.get("forwarded_total", 0)),
-            dest_base=int(state.get("dest_base", 0)),
+            name=ev.name,
+            source=ev.source,
+            dest=ev.dest,
+            preserve_node=ev.preserve_node,
+            preserve_tag=ev.preserve_tag,
+            filter=ev.filter,
+            allow_cycle=ev.allow_cycle,
+            guarantee=ev.guarantee,
+            cursor=ev.cursor,
+            forwarded_total=ev.forwarded_total,
+            dest_base=ev.dest_base,
             order=self._next_order,
         )
         self._next_order += 1
@@ -306,11 +307,18 @@ class RouterSet:
         self._dirty.add(r.source)
         return r
 
-    def _journal(self, hook: str, r: Router) -> None:
-        """Durable log of a router definition change, when the journal supports it."""
-        fn = getattr(self.engine.journal, hook, None)
-        if fn is not None:
-            fn(r)
+    def forget(self, name: str) -> bool:
+        """Remove router `name` without logging (a replayed delete); False if absent."""
+        r = self._routers.get(name)
+        if r is None:
+            return False
+        self._unindex(r)
+        return True
+
+    def _log_put(self, r: Router) -> None:
+        """Log a router definition change (raises the journal's refusal)."""
+        eng = self.engine
+        self.engine.journal.log(router_event(r, lambda n: _live_id(eng, n)))
 
     # ------------------------------------------------------- control plane
 
@@ -390,7 +398,7 @@ class RouterSet:
                 allow_cycle=spec.allow_cycle,
                 guarantee=spec.guarantee,
             )
-            self._journal("router_put", r)
+            self._log_put(r)
             existing.preserve_node = r.preserve_node
             existing.preserve_tag = r.preserve_tag
             existing.filter = r.filter
@@ -412,7 +420,7 @@ class RouterSet:
             dest_base=dst.head_seq,
             order=self._next_order,
         )
-        self._journal("router_put", r)
+        self._log_put(r)
         self._next_order += 1
         self._index(r)
         return self._put_result(r, True), True
@@ -518,7 +526,7 @@ class RouterSet:
         r = self._routers.get(name)
         if r is None:
             return {"router": name, "deleted": False}
-        self._journal("router_deleted", r)
+        self.engine.journal.log(RouterDeleted(r.name))
         self._unindex(r)
         return {"router": name, "deleted": True}
 
@@ -777,24 +785,29 @@ class RouterSet:
         return total
 
 
-def router_wire_state(r: Router, topic_id: Callable[[str], int]) -> dict[str, Any]:
-    """Everything needed to restore a router after a restart (RouterCreate frame body).
+def _live_id(eng: Engine, name: str) -> int:
+    t = eng.topics.get(name)
+    return t.topic_id if t is not None else 0
 
-    `topic_id(name)` gives the live instance id of a topic, so recovery can drop a
-    router whose source or dest instance was deleted later.
+
+def router_event(r: Router, topic_id: Callable[[str], int]) -> RouterPut:
+    """Everything needed to restore a router after a restart, as an event.
+
+    `topic_id(name)` gives the live instance id of a topic (0: none), so
+    recovery can drop a router whose source or dest instance was deleted later.
     """
-    return {
-        "name": r.name,
-        "source": r.source,
-        "dest": r.dest,
-        "source_id": topic_id(r.source),
-        "dest_id": topic_id(r.dest),
-        "preserve_node": r.preserve_node,
-        "preserve_tag": r.preserve_tag,
-        "filter": list(r.filter) if r.filter is not None else None,
-        "allow_cycle": r.allow_cycle,
-        "guarantee": r.guarantee,
-        "cursor": r.cursor,
-        "dest_base": r.dest_base,
-        "forwarded_total": r.forwarded_total,
-    }
+    return RouterPut(
+        name=r.name,
+        source=r.source,
+        dest=r.dest,
+        source_id=topic_id(r.source),
+        dest_id=topic_id(r.dest),
+        preserve_node=r.preserve_node,
+        preserve_tag=r.preserve_tag,
+        filter=r.filter,
+        allow_cycle=r.allow_cycle,
+        guarantee=r.guarantee,
+        cursor=r.cursor,
+        dest_base=r.dest_base,
+        forwarded_total=r.forwarded_total,
+    )

@@ -45,7 +45,7 @@ from topics.format.frame import (
     frame_fields,
     seal_batch,
 )
-from topics.format.idx import DELETED, F_HAS_META, F_HAS_NODE, F_HAS_TAG
+from topics.format.idx import DELETED, F_HAS_META, F_HAS_NODE, F_HAS_TAG, F_RECORD_MASK
 
 __all__ = ["Topic", "Totals", "NodeInterner", "PendingWrite", "ReadResult", "Tombstone"]
 
@@ -534,16 +534,33 @@ class Topic:
             self.notify()
 
     def _publish(self, p: PendingWrite) -> None:
-        recs = p.records
-        n = len(recs)
+        n = len(p.records)
         loc = self.add_chunk(Chunk(p.frames, p.first_seq, p.last_seq))
+        rows, total = self._batch_rows(p.records, p.sizes, p.ts, p.first_seq)
+        rows["loc"] = loc
+        self.index.append_rows(rows)
+        self.head_seq = p.last_seq
+        self._add_live(n, total)
+        self.last_write_ms = p.ts
+
+    def _batch_rows(
+        self,
+        recs: list[NewRecord],
+        sizes: list[int],
+        ts: int,
+        first_seq: int,
+        *,
+        index_tags: bool = True,
+    ) -> tuple[Any, int]:
+        """Slot rows (without `loc`) of a batch whose frames sit back to back, and
+        its payload bytes; with `index_tags`, its tags join the tag index."""
+        n = len(recs)
         rows = np.zeros(n, SLOT_DTYPE)
-        lens = np.array(p.sizes, dtype=np.uint32)
+        lens = np.array(sizes, dtype=np.uint32)
         rows["len"] = lens
         if n > 1:
             np.cumsum(lens[:-1], out=rows["offset"][1:])
-        rows["ts"] = p.ts
-        rows["loc"] = loc
+        rows["ts"] = ts
         total = 0
         plain = True  # no tag, node, meta or hops anywhere in the batch
         for r in recs:
@@ -564,14 +581,106 @@ class Topic:
                     f |= F_HAS_META
                 flags.append(f)
             rows["flags"] = flags
-            if self._tags is not None:
-                self._tags.add_many([r.tag for r in recs], p.first_seq)
+            if index_tags and self._tags is not None:
+                self._tags.add_many([r.tag for r in recs], first_seq)
             rows["hops"] = [r.hops for r in recs]
             rows["node"] = [intern(r.node) for r in recs]
-        self.index.append_rows(rows)
-        self.head_seq = p.last_seq
-        self._add_live(n, total)
-        self.last_write_ms = p.ts
+        return rows, total
+
+    def restore_write(
+        self,
+        first_seq: int,
+        ts: int,
+        records: list[NewRecord],
+        frames: bytes | FrameBuf,
+        sizes: list[int],
+    ) -> int:
+        """Publish a batch logged elsewhere at its own seqs (event replay).
+
+        `frames` holds the batch's WAL Append frames back to back (`sizes` in
+        bytes), `ts` its commit time (ms). Seqs at or below the head are
+        skipped; a jump above the head becomes deleted holes. Returns how many
+        records were published.
+        """
+        n = len(records)
+        last = first_seq + n - 1
+        head = self.head_seq
+        if not n or last <= head or self.pending:
+            return 0
+        rows, _total = self._batch_rows(records, sizes, ts, first_seq, index_tags=False)
+        skip = max(head + 1 - first_seq, 0)
+        if skip:
+            rows = rows[skip:]
+        elif first_seq > head + 1:
+            gap = np.zeros(first_seq - head - 1, SLOT_DTYPE)
+            gap["ts"] = ts
+            gap["flags"] = DELETED
+            gap["loc"] = LOC_HOLE
+            rows = np.concatenate([gap, rows])
+        self.restore_rows(rows, Chunk(frames, head + 1, last))
+        return n - skip
+
+    def replay_frames(self, buf: Buf, frames: Any) -> int:
+        """Publish logged Append frames of this topic at their seqs (WAL replay).
+
+        `frames` is a WAL_COLS_DTYPE array (log order) of frames inside `buf`;
+        frames at or below the head are skipped, a jump in seqs becomes deleted
+        holes, and the records are served from `buf`. Nodes are read back from
+        the frames on demand, tags likewise. Returns how many were published.
+        """
+        c = frames
+        seqs = c["seq"].astype(np.int64)
+        keep = seqs > self.head_seq
+        if not keep.all():
+            c = c[keep]
+            seqs = seqs[keep]
+        if not len(c) or self.pending:
+            return 0
+        if len(c) > 1 and np.any(np.diff(seqs) <= 0):
+            # Out of order within the log (never written that way): frame by frame.
+            n = 0
+            for i in range(len(c)):
+                if int(seqs[i]) > self.head_seq:
+                    self._replay_rows(buf, c[i : i + 1], seqs[i : i + 1])
+                    n += 1
+            return n
+        self._replay_rows(buf, c, seqs)
+        return len(c)
+
+    def _replay_rows(self, buf: Buf, c: Any, seqs: Any) -> None:
+        head = self.head_seq
+        n = int(seqs[-1]) - head
+        out = np.zeros(n, SLOT_DTYPE)
+        pos = seqs - head - 1
+        if n != len(c):
+            out["flags"] = DELETED
+            out["loc"] = LOC_HOLE
+            out["ts"] = int(c["ts"][0])
+        fl = c["flags"]
+        meta4 = np.where((fl & F_HAS_META) != 0, 4, 0)
+        out["offset"][pos] = c["off"]
+        out["len"][pos] = c["size"]
+        out["ts"][pos] = c["ts"]
+        out["flags"][pos] = fl & F_RECORD_MASK
+        out["loc"][pos] = 0
+        out["bytes"][pos] = c["dl"].astype(np.int64) - meta4
+        out["node"][pos] = np.where((fl & F_HAS_NODE) != 0, NODE_UNKNOWN, 0)
+        self.restore_rows(out, Chunk(buf, head + 1, int(seqs[-1])))
+
+    def raise_floors(self, l_cap: int, l_ttl: int, l_trim: int) -> None:
+        """Raise the involuntary floors to at least the given seqs and drop what
+        they cover (logged floors, replayed; a floor never moves back)."""
+        self.l_cap = max(self.l_cap, l_cap)
+        self.l_ttl = max(self.l_ttl, l_ttl)
+        self.l_trim = max(self.l_trim, l_trim)
+        self._evict_to(min(max(self.l_cap, self.l_ttl, self.l_trim), self.head_seq))
+
+    def restore_head(self, head_seq: int) -> None:
+        """Start an empty instance at `head_seq` (snapshot restore): seqs up to it
+        are taken, none has a slot (the segments bring the records)."""
+        self.index.clear_to(head_seq + 1)
+        self.head_seq = head_seq
+        self.next_seq = head_seq + 1
 
     def restore_rows(self, rows: Any, chunk: Chunk | None) -> None:
         """Publish recovered records at their logged seqs (WAL replay).

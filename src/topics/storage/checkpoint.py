@@ -354,9 +354,7 @@ class Checkpointer:
         # already applied in memory whose control frame is still in flight are
         # captured too: the snapshot is written only if every one of them commits.
         inflight = list(journal.inflight_controls)
-        meta = capture_meta(
-            eng, journal.reserved, journal.router_ops, journal.topic_ids, exact_heads=final
-        )
+        meta = capture_meta(eng, journal.reserved, journal.router_ops, exact_heads=final)
         wal: dict[str, list[Any]] = {}
         for sh, e in zip(journal.shards, entries, strict=True):
             assert e is not None

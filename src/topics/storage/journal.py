@@ -34,29 +34,29 @@ from typing import TYPE_CHECKING, Any
 
 import xxhash
 
-from topics.errors import TopicsError
-from topics.format.frame import (
-    CHECKPOINT_MARK,
-    CONFIG_UPDATE,
-    DELETE,
-    EVICT_WATERMARK,
-    HEAD_WATERMARK,
-    LEASE,
-    ROUTER_CREATE,
-    ROUTER_DELETE,
-    TOPIC_CREATE,
-    TOPIC_DELETE,
-    encode_control,
+from topics.engine.events import (
+    ConfigChanged,
+    Event,
+    FloorsAdvanced,
+    LeaseChanged,
+    RecordsAppended,
+    RecordsDeleted,
+    RouterDeleted,
+    RouterPut,
+    SeqsDeleted,
+    TopicCreated,
+    TopicDeleted,
 )
+from topics.engine.journal import DONE, NOT_LOGGED, Handle
+from topics.errors import TopicsError
+from topics.format.frame import CHECKPOINT_MARK, HEAD_WATERMARK, encode_control
+from topics.storage.eventcodec import control_frame
 from topics.storage.fs import Data, Fs
 from topics.storage.wal import WalDiskFull, WalEntry, WalFull, WalMetrics, WalReadOnly, WalShard
 
 if TYPE_CHECKING:
     from topics.engine.core import Engine
-    from topics.engine.params import Predicate
-    from topics.engine.routers import Router
-    from topics.engine.topic import PendingWrite, Topic
-    from topics.engine.topic_config import TopicConfig
+    from topics.engine.topic import Topic
 
 __all__ = ["WalJournal", "shard_dirs", "shard_of", "exact_head_topics", "HEAD_RESERVATION"]
 
@@ -80,7 +80,8 @@ def shard_dirs(data_dir: str, n: int) -> list[str]:
 
 
 class WalJournal:
-    """Implements the engine's Journal protocol on top of open WAL shards."""
+    """Implements the engine's Journal protocol (`log(event) -> Handle`) on top of
+    open WAL shards."""
 
     def __init__(
         self,
@@ -106,8 +107,9 @@ class WalJournal:
         self.inflight_controls: set[asyncio.Future[bool]] = set()
         # The live topics, for the exact-head markers of a clean close (set by the owner).
         self.topics: Callable[[], Iterable[Topic]] = lambda: ()
-        # name -> live topic id, for router frames (set by whoever owns the engine).
-        self.topic_ids: Callable[[str], int] = lambda name: 0
+        # topic id -> live instance, for the durability class of a topic's events
+        # (set by the owner, see bind(); unknown: logged as for fsync).
+        self.topic_of: Callable[[int], Topic | None] = lambda topic_id: None
         # Router frames are numbered; a snapshot records the last number it
         # reflects, so replay from its checkpoint skips older router frames.
         self.router_ops = 0
@@ -129,6 +131,27 @@ class WalJournal:
         except WalReadOnly:
             raise TopicsError(500, "internal", "the write-ahead log is read-only") from None
 
+    def bind(self, engine: Engine) -> None:
+        """Take the live topics from `engine` (durability classes, exact heads)."""
+        self.topic_of = engine.topic_by_id
+        self.topics = lambda: exact_head_topics(engine)
+
+    def log(self, event: Event) -> Handle:
+        """Log one engine event (the engine's Journal protocol).
+
+        The handle completes on the loop once the event is durable for its
+        topic's class (the table above); appends acknowledged on enqueue and
+        events a class does not log get an already completed handle. Raises
+        TopicsError when the log refuses the event (nothing logged): `429` (a
+        shard's queue is full), `507` (its disk is full), `500` (read-only),
+        `413` (a batch larger than one WAL file). Floors and lease events are
+        logged best effort: a refusal is not raised, their handle fails.
+        """
+        fn = self._LOG.get(type(event))
+        if fn is None:
+            raise TypeError(f"{type(event).__name__} is not logged by the journal")
+        return fn(self, event)
+
     def _control(
         self,
         shard: WalShard,
@@ -139,48 +162,56 @@ class WalJournal:
         sync: bool = True,
         seq: int = 0,
         ts: int = 0,
-        done: Callable[[WalEntry, bool, float], None] | None = None,
-        on_commit: Callable[[bool], None] | None = None,
-    ) -> None:
+    ) -> Handle:
+        """Log one control frame; the handle completes when it is durable.
+
+        The request scope it is logged in (:meth:`open_request`) waits for it in
+        :meth:`barrier`; a checkpoint's capture waits for every one in flight.
+        """
         data = encode_control(typ, topic_id, body, seq=seq, ts=ts, durable=sync)
-        if done is None:
-            # Track it, so the request that caused it can wait for it (barrier()).
-            fut: asyncio.Future[bool] = self.loop.create_future()
-            loop = self.loop
+        fut: asyncio.Future[bool] = self.loop.create_future()
+        h = Handle()
+        loop = self.loop
 
-            def done(e: WalEntry, ok: bool, fsync_ms: float) -> None:
-                if not ok:
-                    _log_failure(e, ok, fsync_ms)
-                # `on_commit` runs in the same loop callback that settles the future,
-                # so completions keep the shard's log order (a checkpoint mark after
-                # this frame resolves only once its effect is applied).
-                loop.call_soon_threadsafe(_settle, fut, ok, on_commit)
+        def done(e: WalEntry, ok: bool, fsync_ms: float) -> None:
+            if not ok:
+                _log_failure(e, ok, fsync_ms)
+            # The handle's callbacks run in the same loop callback that settles the
+            # future, so completions keep the shard's log order (a checkpoint mark
+            # after this frame resolves only once its effect is applied).
+            loop.call_soon_threadsafe(_settle, fut, h, ok)
 
-            scope = _REQUEST.get()
-            if scope is not None:
-                scope.append(fut)  # this request waits for it, and only this one
-            else:
-                pend = self._pending_controls
-                if len(pend) >= 64 and pend[0].done():
-                    # Nobody outside a request scope waited: drop what completed.
-                    self._pending_controls = pend = [f for f in pend if not f.done()]
-                pend.append(fut)
-            self.inflight_controls.add(fut)
-            fut.add_done_callback(self.inflight_controls.discard)
         self._submit(shard, WalEntry(data, 1, sync, done))
+        # Tracked once queued (a refused frame is waited for by nobody).
+        scope = _REQUEST.get()
+        if scope is not None:
+            scope.append(fut)  # this request waits for it, and only this one
+        else:
+            pend = self._pending_controls
+            if len(pend) >= 64 and pend[0].done():
+                # Nobody outside a request scope waited: drop what completed.
+                self._pending_controls = pend = [f for f in pend if not f.done()]
+            pend.append(fut)
+        self.inflight_controls.add(fut)
+        fut.add_done_callback(self.inflight_controls.discard)
+        return h
 
-    def _topic_control(self, t: Topic, typ: int, body: dict[str, Any], **kw: Any) -> None:
-        body["h"] = t.head_seq
-        self._control(self._shard(t.topic_id), typ, t.topic_id, body, **kw)
+    def _event_control(self, ev: Event, *, sync: bool = True) -> Handle:
+        typ, topic_id, body, seq, ts = control_frame(ev)
+        return self._control(self._shard(topic_id), typ, topic_id, body, sync=sync, seq=seq, ts=ts)
+
+    def _class_of(self, topic_id: int) -> str:
+        t = self.topic_of(topic_id)
+        return t.config.durability if t is not None else "fsync"
 
     # ------------------------------------------------------------ records
 
-    def submit_write(self, pw: PendingWrite) -> None:
+    def _log_append(self, ev: RecordsAppended) -> Handle:
+        pw = ev.write
         t = pw.topic
         cls = t.config.durability
         if cls == "ephemeral":
-            t.complete(pw, True)
-            return
+            return DONE
         data = pw.frames
         shard = self._shard(t.topic_id)
         if len(data) + 128 > shard.capacity:
@@ -234,19 +265,23 @@ class WalJournal:
             if not self._flush_scheduled:
                 self._flush_scheduled = True
                 self.loop.call_soon(self.flush)
-            t.complete(pw, True)
-            return
+            return DONE
+        h = Handle()
+        tid = t.topic_id
+        fsync = cls == "fsync"
 
         def done(e: WalEntry, ok: bool, fsync_ms: float) -> None:
-            if not ok and isinstance(e.error, WalDiskFull):
-                pw.error = _disk_full()
-            loop.call_soon_threadsafe(self._write_done, pw, ok, fsync_ms, reserved_before)
+            err = _disk_full() if not ok and isinstance(e.error, WalDiskFull) else None
+            loop.call_soon_threadsafe(
+                self._write_done, h, tid, ok, err, fsync_ms if fsync else 0.0, reserved_before
+            )
 
         try:
-            self._submit(self._shard(t.topic_id), WalEntry(data, frames, sync, done, more=more))
+            self._submit(self._shard(tid), WalEntry(data, frames, sync, done, more=more))
         except TopicsError:
-            self.reserved[t.topic_id] = reserved_before
+            self.reserved[tid] = reserved_before
             raise
+        return h
 
     @staticmethod
     def open_request() -> contextvars.Token[list[asyncio.Future[bool]] | None]:
@@ -347,121 +382,82 @@ class WalJournal:
                     shard.latch(f"could not queue acknowledged frames: {exc!r}")
                     break
 
-    def _write_done(self, pw: PendingWrite, ok: bool, fsync_ms: float, reserved: int) -> None:
-        t = pw.topic
-        if not ok and self.reserved.get(t.topic_id, 0) > reserved:
-            self.reserved[t.topic_id] = reserved
-        pw.fsync_ms = fsync_ms if t.config.durability == "fsync" else 0.0
-        t.complete(pw, ok)
+    def _write_done(
+        self,
+        h: Handle,
+        topic_id: int,
+        ok: bool,
+        error: TopicsError | None,
+        fsync_ms: float,
+        reserved: int,
+    ) -> None:
+        if not ok and self.reserved.get(topic_id, 0) > reserved:
+            self.reserved[topic_id] = reserved
+        h.settle(ok, error, fsync_ms)
 
     # ------------------------------------------------------------ topics
 
-    def topic_created(self, t: Topic, on_failure: Callable[[], None] | None = None) -> None:
-        self._topic_control(
-            t,
-            TOPIC_CREATE,
-            {"name": t.name, "config": t.config.to_wire(), "epoch": t.epoch},
-            ts=t.created_ms,
-            on_commit=_on_failure(on_failure),
-        )
+    def _log_topic_control(self, ev: Event) -> Handle:
+        # TopicCreate, ConfigUpdate, TopicDelete: synced whatever the class.
+        return self._event_control(ev)
 
-    def config_updated(
-        self, t: Topic, cfg: TopicConfig, on_failure: Callable[[], None] | None = None
-    ) -> None:
-        self._topic_control(
-            t, CONFIG_UPDATE, {"config": cfg.to_wire()}, on_commit=_on_failure(on_failure)
-        )
+    def _log_records_deleted(self, ev: RecordsDeleted | SeqsDeleted) -> Handle:
+        cls = self._class_of(ev.topic_id)
+        if cls == "ephemeral" or (isinstance(ev, SeqsDeleted) and not ev.seqs):
+            return DONE
+        return self._event_control(ev, sync=cls == "fsync")
 
-    def topic_deleted(self, t: Topic) -> None:
-        self._topic_control(t, TOPIC_DELETE, {"name": t.name})
-
-    def records_deleted(
-        self,
-        t: Topic,
-        before_seq: int | None,
-        pred: Predicate | None,
-        bound: int,
-        on_commit: Callable[[bool], None],
-    ) -> None:
-        if t.config.durability == "ephemeral":
-            on_commit(True)
-            return
-        body = {
-            "bound": bound,
-            "before_seq": before_seq,
-            "match": list(pred) if pred is not None else None,
-            "seqs": None,
-        }
-        self._topic_control(
-            t, DELETE, body, sync=t.config.durability == "fsync", on_commit=on_commit
-        )
-
-    def seqs_deleted(self, t: Topic, seqs: list[int], on_commit: Callable[[bool], None]) -> None:
-        if t.config.durability == "ephemeral" or not seqs:
-            on_commit(True)
-            return
-        body = {"bound": t.head_seq + 1, "before_seq": None, "match": None, "seqs": list(seqs)}
-        self._topic_control(
-            t, DELETE, body, sync=t.config.durability == "fsync", on_commit=on_commit
-        )
-
-    def evict_watermark(self, t: Topic) -> None:
-        if t.config.durability in ("ephemeral", "memory"):
-            return
-        body = {"l_cap": t.l_cap, "l_ttl": t.l_ttl, "l_trim": t.l_trim}
+    def _log_floors(self, ev: FloorsAdvanced) -> Handle:
+        cls = self._class_of(ev.topic_id)
+        if cls in ("ephemeral", "memory"):
+            return DONE
         # Logged on the side: a read that advanced a floor never waits for it, and
         # never fails because of it (a full or read-only log). Unlogged, the floor
         # is simply logged again with the next advance or kept by the next
         # snapshot; a crash before either only brings evicted records back.
         token = _REQUEST.set(None)
         try:
-            self._topic_control(t, EVICT_WATERMARK, body, sync=t.config.durability == "fsync")
+            h = self._event_control(ev, sync=cls == "fsync")
             self._floor_unlogged = False
+            return h
         except TopicsError as exc:
             (log.debug if self._floor_unlogged else log.warning)(
-                "topic %s: floor not logged (%s); logged again with the next advance",
-                t.name,
+                "topic %016x: floor not logged (%s); logged again with the next advance",
+                ev.topic_id,
                 exc.message,
             )
             self._floor_unlogged = True
+            return NOT_LOGGED
         finally:
             _REQUEST.reset(token)
 
-    def lease_event(
-        self,
-        t: Topic,
-        kind: str,
-        seq: int,
-        node: str,
-        lease_id: int,
-        deadline: int,
-        deliveries: int,
-    ) -> None:
-        body = {
-            "kind": kind,
-            "node": node,
-            "lease_id": lease_id,
-            "deadline": deadline,
-            "deliveries": deliveries,
-        }
+    def _log_lease(self, ev: LeaseChanged) -> Handle:
         try:
-            self._topic_control(t, LEASE, body, seq=seq)
+            return self._event_control(ev)
         except TopicsError:
-            pass  # lease logging errors are ignored (README: queue leases)
+            return NOT_LOGGED  # lease logging errors are ignored (README: queue leases)
 
     # ------------------------------------------------------------ routers
 
-    def router_put(self, r: Router) -> None:
-        from topics.engine.routers import router_wire_state
-
-        body = router_wire_state(r, self.topic_ids)
+    def _log_router(self, ev: RouterPut | RouterDeleted) -> Handle:
+        typ, _tid, body, _seq, _ts = control_frame(ev)
         body["op"] = self.router_ops + 1
-        self._control(self.shards[0], ROUTER_CREATE, 0, body)
+        h = self._control(self.shards[0], typ, 0, body)
         self.router_ops += 1
+        return h
 
-    def router_deleted(self, r: Router) -> None:
-        self._control(self.shards[0], ROUTER_DELETE, 0, {"name": r.name, "op": self.router_ops + 1})
-        self.router_ops += 1
+    _LOG: dict[type, Callable[[WalJournal, Any], Handle]] = {
+        RecordsAppended: _log_append,
+        TopicCreated: _log_topic_control,
+        ConfigChanged: _log_topic_control,
+        TopicDeleted: _log_topic_control,
+        RecordsDeleted: _log_records_deleted,
+        SeqsDeleted: _log_records_deleted,
+        FloorsAdvanced: _log_floors,
+        LeaseChanged: _log_lease,
+        RouterPut: _log_router,
+        RouterDeleted: _log_router,
+    }
 
     # ------------------------------------------------------------ checkpoints
 
@@ -630,28 +626,13 @@ def _count_frames(data: Data) -> int:
     return n
 
 
-def _settle(
-    fut: asyncio.Future[bool], ok: bool, on_commit: Callable[[bool], None] | None = None
-) -> None:
-    if on_commit is not None:
-        try:
-            on_commit(ok)
-        except Exception:  # pragma: no cover - an engine bug must not wedge the barrier
-            log.exception("applying a committed control frame failed")
+def _settle(fut: asyncio.Future[bool], h: Handle, ok: bool) -> None:
+    try:
+        h.settle(ok)
+    except Exception:  # pragma: no cover - an engine bug must not wedge the barrier
+        log.exception("applying a committed control frame failed")
     if not fut.done():
         fut.set_result(ok)
-
-
-def _on_failure(cb: Callable[[], None] | None) -> Callable[[bool], None] | None:
-    """An `on_commit` that calls `cb()` only when the frame failed."""
-    if cb is None:
-        return None
-
-    def on_commit(ok: bool) -> None:
-        if not ok:
-            cb()
-
-    return on_commit
 
 
 def _settle_entry(fut: asyncio.Future[WalEntry | None], e: WalEntry | None) -> None:

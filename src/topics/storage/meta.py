@@ -34,47 +34,53 @@ already includes them are filtered by `next_topic_id` (TopicCreate) and
 
 from __future__ import annotations
 
-import heapq
 from typing import TYPE_CHECKING, Any
 
+from topics.engine.events import LeaseProjection, RouterPut, TopicRestored
+from topics.engine.routers import router_event
 from topics.engine.topic import Topic
 from topics.engine.topic_config import parse_topic_config
+from topics.storage.eventcodec import router_body, router_from_body
 
 if TYPE_CHECKING:
     from topics.engine.core import Engine
-    from topics.engine.queues import QueueState
 
-__all__ = ["SNAPSHOT_VERSION", "capture_meta", "topic_meta", "restore_topic", "restore_queue"]
+__all__ = [
+    "SNAPSHOT_VERSION",
+    "capture_meta",
+    "topic_meta",
+    "topic_restored",
+    "router_states",
+]
 
 SNAPSHOT_VERSION = 1
 
 
-def _queue_meta(q: QueueState) -> dict[str, Any]:
+def _queue_meta(p: LeaseProjection) -> dict[str, Any]:
     return {
-        "leases": [[s, ls.node, ls.lease_id, ls.deadline_ms] for s, ls in q.leases.items()],
-        "deliveries": [[s, n] for s, n in q.deliveries.items()],
-        "delayed": [[r, s] for r, s in q.delayed],
-        "reclaim": sorted(q.reclaim_set),
-        "claim_cursor": q.claim_cursor,
-        "next_lease_id": q.next_lease_id,
-        "dead_lettered": q.dead_lettered,
+        "leases": [list(x) for x in p.leases],
+        "deliveries": [list(x) for x in p.deliveries],
+        "delayed": [list(x) for x in p.delayed],
+        "reclaim": list(p.reclaim),
+        "claim_cursor": p.claim_cursor,
+        "next_lease_id": p.next_lease_id,
+        "dead_lettered": p.dead_lettered,
     }
 
 
-def restore_queue(q: QueueState, m: dict[str, Any]) -> None:
-    """Install a snapshotted lease projection into an empty QueueState."""
-    from topics.engine.queues import Lease
-
-    for s, node, lease_id, deadline in m.get("leases", []):
-        q.add_lease(int(s), Lease(str(node), int(lease_id), int(deadline), None))
-    q.deliveries = {int(s): int(n) for s, n in m.get("deliveries", [])}
-    q.delayed = [(int(r), int(s)) for r, s in m.get("delayed", [])]
-    heapq.heapify(q.delayed)
-    for s in m.get("reclaim", []):
-        q.push_reclaim(int(s))
-    q.claim_cursor = int(m.get("claim_cursor", 1))
-    q.next_lease_id = int(m.get("next_lease_id", 1))
-    q.dead_lettered = int(m.get("dead_lettered", 0))
+def _queue_projection(m: dict[str, Any]) -> LeaseProjection:
+    return LeaseProjection(
+        leases=tuple(
+            (int(s), str(node), int(lease_id), int(deadline))
+            for s, node, lease_id, deadline in m.get("leases", [])
+        ),
+        deliveries=tuple((int(s), int(n)) for s, n in m.get("deliveries", [])),
+        delayed=tuple((int(r), int(s)) for r, s in m.get("delayed", [])),
+        reclaim=tuple(int(s) for s in m.get("reclaim", [])),
+        claim_cursor=int(m.get("claim_cursor", 1)),
+        next_lease_id=int(m.get("next_lease_id", 1)),
+        dead_lettered=int(m.get("dead_lettered", 0)),
+    )
 
 
 def topic_meta(t: Topic, reserved: int) -> dict[str, Any]:
@@ -100,7 +106,7 @@ def topic_meta(t: Topic, reserved: int) -> dict[str, Any]:
         "count": t.live_count,
         "bytes": t.live_bytes,
         "reserved": reserved,
-        "queue": _queue_meta(q) if q is not None else None,
+        "queue": _queue_meta(q.projection()) if q is not None else None,
     }
 
 
@@ -108,7 +114,6 @@ def capture_meta(
     engine: Engine,
     reserved: dict[int, int],
     router_ops: int,
-    topic_ids: Any,
     *,
     exact_heads: bool = False,
 ) -> dict[str, Any]:
@@ -118,15 +123,18 @@ def capture_meta(
     `exact_heads` (a clean shutdown) no reservation is recorded, so the next start
     keeps each head exactly.
     """
-    from topics.engine.routers import router_wire_state
-
     topics = [
         topic_meta(t, 0 if exact_heads else reserved.get(t.topic_id, 0))
         for t in engine.topics.values()
     ]
     routers: list[dict[str, Any]] = []
     if engine.routers is not None:
-        routers = [router_wire_state(r, topic_ids) for r in engine.routers.routers()]
+
+        def topic_id(name: str) -> int:
+            t = engine.topics.get(name)
+            return t.topic_id if t is not None else 0
+
+        routers = [router_body(router_event(r, topic_id)) for r in engine.routers.routers()]
     return {
         "v": SNAPSHOT_VERSION,
         "taken_ms": engine.clock.now_ms(),
@@ -137,29 +145,31 @@ def capture_meta(
     }
 
 
-def restore_topic(engine: Engine, m: dict[str, Any]) -> Topic:
-    """Register a topic instance from its snapshot map (no records yet; recovery attaches them)."""
+def topic_restored(m: dict[str, Any]) -> TopicRestored:
+    """The event that restores a topic instance from its snapshot map (no records
+    yet; recovery attaches its segments and replays the WAL after it)."""
     name = str(m["name"])
-    cfg = parse_topic_config(m.get("config"), name)
-    t = Topic(name, int(m["id"]), cfg, int(m.get("created_ms", 0)), engine.totals, engine.nodes)
-    t.on_floor_advance = engine._floor_advanced
-    t.epoch = int(m.get("epoch", 1))
-    head = int(m.get("head", 0))
-    t.index.clear_to(head + 1)
-    t.head_seq = head
-    t.next_seq = head + 1
-    t.last_ts = int(m.get("last_ts", 0))
-    t.l_cap = int(m.get("l_cap", 0))
-    t.l_ttl = int(m.get("l_ttl", 0))
-    t.l_trim = int(m.get("l_trim", 0))
-    t.delete_below = int(m.get("delete_below", 0))
-    t.lost = [(int(a), int(b)) for a, b in m.get("lost") or []]
     lw, lr = m.get("last_write_ms"), m.get("last_read_ms")
-    t.last_write_ms = int(lw) if lw is not None else None
-    t.last_read_ms = int(lr) if lr is not None else None
-    engine.topics[name] = t
-    engine.on_topic_created(t)
     qm = m.get("queue")
-    if qm and engine.queues is not None and cfg.is_queue:
-        restore_queue(engine.queues.state(t), qm)
-    return t
+    return TopicRestored(
+        topic_id=int(m["id"]),
+        name=name,
+        config=parse_topic_config(m.get("config"), name),
+        epoch=int(m.get("epoch", 1)),
+        created_ms=int(m.get("created_ms", 0)),
+        head_seq=int(m.get("head", 0)),
+        last_ts=int(m.get("last_ts", 0)),
+        l_cap=int(m.get("l_cap", 0)),
+        l_ttl=int(m.get("l_ttl", 0)),
+        l_trim=int(m.get("l_trim", 0)),
+        delete_below=int(m.get("delete_below", 0)),
+        lost=tuple((int(a), int(b)) for a, b in m.get("lost") or []),
+        last_write_ms=int(lw) if lw is not None else None,
+        last_read_ms=int(lr) if lr is not None else None,
+        queue=_queue_projection(qm) if qm else None,
+    )
+
+
+def router_states(body: dict[str, Any]) -> list[RouterPut]:
+    """The routers a snapshot body records, as events."""
+    return [router_from_body(dict(st)) for st in body.get("routers") or []]

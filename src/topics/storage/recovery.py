@@ -37,33 +37,34 @@ from typing import Any
 import numpy as np
 
 from topics.engine.core import Engine
-from topics.engine.frames import Chunk
-from topics.engine.index import LOC_HOLE, NODE_UNKNOWN, SLOT_DTYPE
-from topics.engine.topic import Topic
+from topics.engine.events import (
+    HeadReserved,
+    RecordsReplayed,
+    RouterPut,
+    SegmentsAttached,
+    SeqsDeleted,
+    TopicCreated,
+    TopicIdsUsed,
+)
 from topics.engine.topic_config import parse_topic_config
 from topics.format.frame import (
     APPEND,
     CHECKPOINT_MARK,
-    CONFIG_UPDATE,
-    DELETE,
-    EVICT_WATERMARK,
     HEAD_WATERMARK,
-    LEASE,
     LOST,
     ROUTER_CREATE,
     ROUTER_DELETE,
     SYNC_MARK,
     TOPIC_CREATE,
-    TOPIC_DELETE,
     Frame,
     FrameError,
     decode_frame,
 )
-from topics.format.idx import DELETED, F_HAS_META, F_HAS_NODE, F_RECORD_MASK
 from topics.storage.checkpoint import expand_ranges
+from topics.storage.eventcodec import decode_control, router_from_body
 from topics.storage.fs import Fs, read_file, write_file
 from topics.storage.journal import shard_dirs, shard_of
-from topics.storage.meta import restore_topic
+from topics.storage.meta import router_states, topic_restored
 from topics.storage.segment import scan_segments, segment_paths, topic_dir
 from topics.storage.snapshot import list_snapshots, load_latest, load_valid
 from topics.storage.topicstore import (
@@ -451,20 +452,20 @@ class _Ctx:
         self.engine = engine
         self.loaded = loaded
         self.report = report
-        self.by_id: dict[int, Topic] = {}
         self.reserved: dict[int, int] = {}
         body = loaded.snapshot or {}
         self.snap_next_id = int(body.get("next_topic_id", 0)) if loaded.snapshot else 0
         self.snap_router_ops = int(body.get("router_ops", 0)) if loaded.snapshot else -1
 
-    def attach(self, t: Topic) -> None:
-        lt = self.loaded.topics.get(t.topic_id)
-        if lt is not None:
-            t.attach_segments(lt.base_seq, lt.rows, dict(lt.sources))
-            self.report.segments += len(lt.sources)
-            self.report.segment_records += len(lt.rows)
-        if lt is not None:
-            self.report.stores[t.topic_id] = lt.store
+    def attach(self, topic_id: int) -> None:
+        """Hand a topic instance just created its records loaded from segments."""
+        lt = self.loaded.topics.get(topic_id)
+        if lt is None or self.engine.topic_by_id(topic_id) is None:
+            return
+        self.engine.apply(SegmentsAttached(topic_id, lt.base_seq, lt.rows, dict(lt.sources)))
+        self.report.segments += len(lt.sources)
+        self.report.segment_records += len(lt.rows)
+        self.report.stores[topic_id] = lt.store
 
 
 def replay(
@@ -487,23 +488,21 @@ def replay(
         listed = {str(k) for k in (body.get("wal") or {})}
         here = {posixpath.relpath(sh.dir, loaded.data_dir) for sh in loaded.shards}
         report.layout_changed |= not here <= listed
-    routers_state: dict[str, dict[str, Any]] = {}
+    routers_state: dict[str, RouterPut] = {}
     if body is not None:
-        engine.next_topic_id = max(engine.next_topic_id, ctx.snap_next_id)
+        engine.apply(TopicIdsUsed(ctx.snap_next_id))
         for m in body.get("topics") or []:
-            t = restore_topic(engine, m)
-            ctx.by_id[t.topic_id] = t
+            ev = topic_restored(m)
+            engine.apply(ev)
             res = int(m.get("reserved", 0))
             if res:
-                ctx.reserved[t.topic_id] = res
-            ctx.attach(t)
-        for st in body.get("routers") or []:
-            routers_state[str(st["name"])] = dict(st)
+                ctx.reserved[ev.topic_id] = res
+            ctx.attach(ev.topic_id)
+        for rp in router_states(body):
+            routers_state[rp.name] = rp
         # Deletes the snapshot lists but whose `.idx` flags may not be on disk yet.
         for tid, runs in body.get("flips") or []:
-            ft = ctx.by_id.get(int(tid))
-            if ft is not None:
-                ft.delete_seqs(expand_ranges(runs))
+            engine.apply(SeqsDeleted(int(tid), tuple(expand_ranges(runs))))
     report.router_ops = max(ctx.snap_router_ops, 0)
 
     # Group every scanned frame by topic id, in log order per shard directory.
@@ -541,26 +540,17 @@ def replay(
     )
     if repaired:
         for tid, plist in pieces.items():
-            if tid in ctx.by_id or any(
+            if engine.topic_by_id(tid) is not None or any(
                 bool(np.any(pc.file.cols["type"][pc.rows] == TOPIC_CREATE)) for pc in plist
             ):
                 continue
             name = f"recovered.{tid:016x}"
             if name in engine.topics:
                 continue
-            t = Topic(
-                name,
-                tid,
-                parse_topic_config({}, name),
-                engine.clock.now_ms(),
-                engine.totals,
-                engine.nodes,
+            engine.apply(
+                TopicCreated(tid, name, parse_topic_config({}, name), 1, engine.clock.now_ms())
             )
-            t.on_floor_advance = engine._floor_advanced
-            engine.topics[name] = t
-            engine.on_topic_created(t)
-            ctx.by_id[tid] = t
-            ctx.attach(t)
+            ctx.attach(tid)
             log.error(
                 "topic %016x lost its TopicCreate to damage; its records are served as %r",
                 tid,
@@ -608,27 +598,22 @@ def replay(
         if op and op <= ctx.snap_router_ops:
             continue
         if typ == ROUTER_CREATE:
-            routers_state[str(rb["name"])] = rb
+            rp = router_from_body(rb)
+            routers_state[rp.name] = rp
         else:
             routers_state.pop(str(rb.get("name")), None)
 
     # Disk-class seqs are never reused: the head jumps to the durable reservation.
     for topic_id, head in ctx.reserved.items():
-        rt = ctx.by_id.get(topic_id)
-        if rt is not None and rt.alive and rt.config.durability in ("disk", "ephemeral"):
-            rt.reserve_head(head, rt.last_ts)
-    engine.next_topic_id = max(engine.next_topic_id, max_id + 1)
-    now = engine.clock.now_ms()
-    for t in engine.topics.values():
-        t.apply_retention(now)
+        engine.apply(HeadReserved(topic_id, head))
+    engine.apply(TopicIdsUsed(max_id + 1))
+    engine.apply_retention_all()
 
-    live_ids = {t.topic_id: t.name for t in engine.topics.values()}
     if engine.routers is not None:
-        for rb in routers_state.values():
-            if live_ids.get(int(rb.get("source_id", -1))) == rb.get("source") and live_ids.get(
-                int(rb.get("dest_id", -1))
-            ) == rb.get("dest"):
-                engine.routers.restore(rb)
+        # Installed only while the source and dest instances they name are live.
+        for rp in routers_state.values():
+            engine.apply(rp)
+            if engine.routers.by_name(rp.name) is not None:
                 report.routers += 1
         engine.routers.drain_all()
     # Segment stores of topic instances that are gone: the first checkpoint removes them.
@@ -659,72 +644,9 @@ def _replay_piece(ctx: _Ctx, tid: int, pc: _Piece) -> int:
 
 
 def _restore_appends(ctx: _Ctx, tid: int, f: ScannedFile, rows: np.ndarray[Any, Any]) -> None:
-    t = ctx.by_id.get(tid)
-    if t is None or not t.alive:
-        return
-    c = f.cols[rows]
-    seqs = c["seq"].astype(np.int64)
-    keep = seqs > t.head_seq
-    if not keep.all():
-        c = c[keep]
-        seqs = seqs[keep]
-    if not len(c):
-        return
-    if len(c) > 1 and np.any(np.diff(seqs) <= 0):
-        # Out of order within the log (never written that way): apply frame by frame.
-        for r in c:
-            _restore_appends_one(ctx, t, f, r)
-        return
-    head = t.head_seq
-    n = int(seqs[-1]) - head
-    out = np.zeros(n, SLOT_DTYPE)
-    pos = seqs - head - 1
-    gaps = n != len(c)
-    if gaps:
-        out["flags"] = DELETED
-        out["loc"] = LOC_HOLE
-        out["ts"] = int(c["ts"][0])
-    fl = c["flags"]
-    meta4 = np.where((fl & F_HAS_META) != 0, 4, 0)
-    out["offset"][pos] = c["off"]
-    out["len"][pos] = c["size"]
-    out["ts"][pos] = c["ts"]
-    out["flags"][pos] = fl & F_RECORD_MASK
-    out["loc"][pos] = 0
-    out["bytes"][pos] = c["dl"].astype(np.int64) - meta4
-    out["node"][pos] = np.where((fl & F_HAS_NODE) != 0, NODE_UNKNOWN, 0)
-    t.restore_rows(out, Chunk(f.buf, head + 1, int(seqs[-1])))
-    ctx.report.records += len(c)
-
-
-def _restore_appends_one(ctx: _Ctx, t: Topic, f: ScannedFile, r: Any) -> None:
-    if int(r["seq"]) <= t.head_seq:
-        return
-    one = np.array([r], dtype=r.dtype)
-    _restore_rows_from(ctx, t, f, one)
-
-
-def _restore_rows_from(ctx: _Ctx, t: Topic, f: ScannedFile, c: Any) -> None:
-    seq = int(c["seq"][0])
-    head = t.head_seq
-    n = seq - head
-    out = np.zeros(n, SLOT_DTYPE)
-    out["flags"] = DELETED
-    out["loc"] = LOC_HOLE
-    out["ts"] = int(c["ts"][0])
-    fl = int(c["flags"][0])
-    out[-1] = (
-        int(c["off"][0]),
-        int(c["size"][0]),
-        int(c["ts"][0]),
-        fl & F_RECORD_MASK,
-        0,
-        0,
-        int(c["dl"][0]) - (4 if fl & F_HAS_META else 0),
-        NODE_UNKNOWN if fl & F_HAS_NODE else 0,
-    )
-    t.restore_rows(out, Chunk(f.buf, head + 1, seq))
-    ctx.report.records += 1
+    if ctx.engine.topic_by_id(tid) is None:
+        return  # never created here, or deleted: its appends are dropped
+    ctx.report.records += ctx.engine.apply(RecordsReplayed(tid, f.buf, f.cols[rows]))
 
 
 def _control_row(ctx: _Ctx, tid: int, f: ScannedFile, row: int) -> None:
@@ -734,9 +656,9 @@ def _control_row(ctx: _Ctx, tid: int, f: ScannedFile, row: int) -> None:
 
 
 def _apply_frame(ctx: _Ctx, tid: int, fr: Frame, f: ScannedFile | None) -> None:
+    engine = ctx.engine
     if fr.type == APPEND:
-        t = ctx.by_id.get(tid)
-        if t is not None and t.alive and fr.seq > t.head_seq and f is not None:
+        if f is not None and engine.topic_by_id(tid) is not None:
             c = np.zeros(1, f.cols.dtype)
             c["off"], c["size"], c["flags"], c["seq"], c["ts"] = (
                 fr.offset,
@@ -746,7 +668,7 @@ def _apply_frame(ctx: _Ctx, tid: int, fr: Frame, f: ScannedFile | None) -> None:
                 fr.ts,
             )
             c["dl"] = len(fr.payload)
-            _restore_rows_from(ctx, t, f, c)
+            ctx.report.records += engine.apply(RecordsReplayed(tid, f.buf, c))
         return
     if fr.type == HEAD_WATERMARK:
         exact = False
@@ -760,77 +682,14 @@ def _apply_frame(ctx: _Ctx, tid: int, fr: Frame, f: ScannedFile | None) -> None:
         return
     if fr.type in (CHECKPOINT_MARK, SYNC_MARK):
         return
-    if fr.type == LOST:
-        # Written by `topics repair`: seqs of this topic that damage destroyed.
-        t = ctx.by_id.get(tid)
-        try:
-            body = fr.control()
-            first, last = int(body["first"]), int(body["last"])
-        except (FrameError, KeyError, TypeError, ValueError):
-            return
-        if t is not None and t.alive:
-            t.mark_lost(first, last, fr.ts)
+    if fr.type == TOPIC_CREATE and (tid < ctx.snap_next_id or engine.topic_by_id(tid) is not None):
+        return  # the snapshot reflects this create (and whatever followed it)
+    ev = decode_control(fr)
+    if ev is None:
         return
-    _apply_control(ctx, tid, fr)
-
-
-def _apply_control(ctx: _Ctx, topic_id: int, fr: Frame) -> None:
-    engine = ctx.engine
-    try:
-        body = fr.control()
-    except FrameError:
-        return
-    by_id = ctx.by_id
-    t = by_id.get(topic_id)
-    typ = fr.type
-    if typ == TOPIC_CREATE:
-        if topic_id < ctx.snap_next_id or (t is not None and t.alive):
-            return  # the snapshot reflects this create (and whatever followed it)
-        name = str(body["name"])
-        old = engine.topics.get(name)
-        if old is not None:  # an older instance whose delete frame sits elsewhere
-            engine.delete_topic(name)
-        cfg = parse_topic_config(body.get("config"), name)
-        t = Topic(name, topic_id, cfg, fr.ts, engine.totals, engine.nodes)
-        t.on_floor_advance = engine._floor_advanced
-        t.epoch = int(body.get("epoch", 1))
-        engine.topics[name] = t
-        engine.on_topic_created(t)
-        by_id[topic_id] = t
-        ctx.attach(t)
-        return
-    if t is None or not t.alive:
-        return
-    if typ == TOPIC_DELETE:
-        engine.delete_topic(t.name)
-    elif typ == CONFIG_UPDATE:
-        t.config = parse_topic_config(body.get("config"), t.name)
-    elif typ == DELETE:
-        seqs = body.get("seqs")
-        if seqs:
-            t.delete_seqs([int(s) for s in seqs])
-        else:
-            m = body.get("match")
-            pred = (str(m[0]), str(m[1])) if m else None
-            before = body.get("before_seq")
-            engine.apply_delete(
-                t, None if before is None else int(before), pred, int(body["bound"])
-            )
-    elif typ == EVICT_WATERMARK:
-        t.l_cap = max(t.l_cap, int(body.get("l_cap", 0)))
-        t.l_ttl = max(t.l_ttl, int(body.get("l_ttl", 0)))
-        t.l_trim = max(t.l_trim, int(body.get("l_trim", 0)))
-        t._evict_to(min(max(t.l_cap, t.l_ttl, t.l_trim), t.head_seq))
-    elif typ == LEASE:
-        if engine.queues is not None and t.config.is_queue:
-            engine.queues.state(t).replay(
-                str(body["kind"]),
-                fr.seq,
-                str(body["node"]),
-                int(body["lease_id"]),
-                int(body["deadline"]),
-                int(body["deliveries"]),
-            )
+    engine.apply(ev)
+    if fr.type == TOPIC_CREATE:
+        ctx.attach(tid)
 
 
 def _position(fr: Frame) -> tuple[int, int]:

@@ -23,7 +23,7 @@ from typing import Any
 from topics.engine.core import Engine
 from topics.storage.checkpoint import CheckpointConfig, Checkpointer, CheckpointFailed
 from topics.storage.fs import Fs
-from topics.storage.journal import WalJournal, exact_head_topics
+from topics.storage.journal import WalJournal
 from topics.storage.recovery import RecoveryReport, recover_async
 
 __all__ = ["StorageConfig", "Storage"]
@@ -89,8 +89,7 @@ class Storage:
         )
         journal = WalJournal(shards, asyncio.get_running_loop(), reserved=report.reserved)
         journal.router_ops = report.router_ops
-        journal.topic_ids = lambda n: engine.topics[n].topic_id if n in engine.topics else 0
-        journal.topics = lambda: exact_head_topics(engine)
+        journal.bind(engine)
         engine.journal = journal
         ck = Checkpointer(
             engine,
