@@ -3,8 +3,11 @@
 Sans-I/O and synchronous: callers pass parsed JSON bodies, the engine returns
 JSON-ready results or raises :class:`~topics.errors.TopicsError`. Time comes
 from the injected :class:`~topics.clock.Clock`; durable logging goes through the
-injected :class:`~topics.engine.journal.Journal`. All calls must come from the
-one event loop that owns the engine (docs/ARCHITECTURE.md, "Threads"): there are no locks.
+injected :class:`~topics.engine.journal.Journal`, one typed event
+(:mod:`topics.engine.events`) per mutation, and :meth:`Engine.apply` applies
+such an event (recovery, replay; docs/ARCHITECTURE.md, "The event log"). All
+calls must come from the one event loop that owns the engine
+(docs/ARCHITECTURE.md, "Threads"): there are no locks.
 
 Writes are two-phase so storage can slot in underneath: :meth:`Engine.begin_write`
 validates, admits and stages a batch (seqs assigned, nothing visible);

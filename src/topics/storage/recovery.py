@@ -8,7 +8,7 @@ Order of work:
    directory's segments (`.idx` in bulk, the active segment resumed); then open
    the shards of the current layout (cutting each torn tail after keeping its
    bytes aside).
-2. (event loop) register the snapshot's topics and attach their segments; then
+2. (event loop) restore the snapshot's topics and attach their segments; then
    replay the WAL frames logged after the snapshot, per topic in log order:
    appends in bulk (seqs at or below the head are skipped, jumps are padded
    with deleted holes; the frames stay in the read file buffers until the next
@@ -18,6 +18,11 @@ Order of work:
 3. raise each `disk` topic's head to its durable reservation (silent holes),
    apply retention, reinstall routers whose source and dest instances exist,
    re-derive their copies.
+
+Everything recovery changes in the engine it changes by decoding log events
+(:mod:`topics.engine.events`: snapshot maps, frames decoded by
+:mod:`topics.storage.eventcodec`) and handing them to :meth:`Engine.apply`
+(docs/ARCHITECTURE.md, "The event log").
 
 Frames that a snapshot already reflects are never applied twice: replay starts
 at the snapshot's marks, and TopicCreate / router frames older than the capture
