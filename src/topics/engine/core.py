@@ -48,7 +48,7 @@ from topics.engine.events import (
     TopicIdsUsed,
     TopicRestored,
 )
-from topics.engine.journal import Handle, Journal, MemoryJournal
+from topics.engine.journal import DONE, Handle, Journal, MemoryJournal
 from topics.engine.names import valid_topic_name
 from topics.engine.params import boolean, node_set, opt_str, opt_u64, predicate, u32, u64
 from topics.engine.records import MAX_KEY_BYTES, NewRecord, prepare_records
@@ -567,7 +567,9 @@ class Engine:
     @staticmethod
     def _commit_when(pw: PendingWrite, h: Handle) -> None:
         """Complete `pw` when its handle completes (now, when it already has)."""
-        if h.done:
+        if h is DONE:  # the common case: acknowledged on enqueue
+            pw.topic.complete(pw, True)
+        elif h.done:
             Engine._committed(pw, h)
         else:
             h.add_done_callback(lambda ok: Engine._committed(pw, h))

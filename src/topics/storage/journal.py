@@ -421,9 +421,10 @@ class WalJournal:
             self._floor_unlogged = False
             return h
         except TopicsError as exc:
+            t = self.topic_of(ev.topic_id)
             (log.debug if self._floor_unlogged else log.warning)(
-                "topic %016x: floor not logged (%s); logged again with the next advance",
-                ev.topic_id,
+                "topic %s: floor not logged (%s); logged again with the next advance",
+                t.name if t is not None else f"{ev.topic_id:016x}",
                 exc.message,
             )
             self._floor_unlogged = True
