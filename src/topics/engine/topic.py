@@ -599,8 +599,9 @@ class Topic:
 
         `frames` holds the batch's WAL Append frames back to back (`sizes` in
         bytes), `ts` its commit time (ms). Seqs at or below the head are
-        skipped; a jump above the head becomes deleted holes. Returns how many
-        records were published.
+        skipped; a jump above the head becomes deleted holes. Nothing is
+        published while this topic has staged writes of its own. Returns how
+        many records were published.
         """
         n = len(records)
         last = first_seq + n - 1
@@ -626,7 +627,8 @@ class Topic:
         `frames` is a WAL_COLS_DTYPE array (log order) of frames inside `buf`;
         frames at or below the head are skipped, a jump in seqs becomes deleted
         holes, and the records are served from `buf`. Nodes are read back from
-        the frames on demand, tags likewise. Returns how many were published.
+        the frames on demand, tags likewise. Nothing is published while this
+        topic has staged writes of its own. Returns how many were published.
         """
         c = frames
         seqs = c["seq"].astype(np.int64)
