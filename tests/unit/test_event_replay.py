@@ -20,8 +20,8 @@ from typing import Any
 
 import orjson
 import pytest
+from tests.support.clock import TestClock
 
-from topics.clock import TestClock
 from topics.engine.core import Engine, PendingDelete, Replay
 from topics.engine.events import (
     ConfigChanged,
