@@ -561,7 +561,10 @@ class Engine:
             if key is not None:
                 t.dedupe_pending.pop(key, None)
             raise
-        self._commit_when(pw, h)
+        if h is DONE:  # the common case: acknowledged on enqueue
+            t.complete(pw, True)
+        else:
+            self._commit_when(pw, h)
         return pw
 
     @staticmethod

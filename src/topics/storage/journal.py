@@ -147,6 +147,8 @@ class WalJournal:
         `413` (a batch larger than one WAL file). Floors and lease events are
         logged best effort: a refusal is not raised, their handle fails.
         """
+        if event.__class__ is RecordsAppended:  # the hot path
+            return self._log_append(event)
         fn = self._LOG.get(type(event))
         if fn is None:
             raise TypeError(f"{type(event).__name__} is not logged by the journal")
