@@ -212,13 +212,8 @@ def queue_state(eng: Engine, name: str) -> dict[str, Any]:
     }
 
 
-def observe(eng: Engine, *, node_filter: bool = True) -> dict[str, Any]:
-    """Everything a client can see, plus the floors behind it.
-
-    Without `node_filter`, reads that skip a node's own records are left out: a
-    restarted engine delivers them until the node is seen again (the read
-    path's node ids are interned lazily).
-    """
+def observe(eng: Engine) -> dict[str, Any]:
+    """Everything a client can see (a node's own records skipped too), plus the floors."""
     out: dict[str, Any] = {"next_topic_id": eng.next_topic_id, "topics": {}}
     for name in sorted(eng.topics):
         records, tombs = read_all(eng, name)
@@ -233,9 +228,7 @@ def observe(eng: Engine, *, node_filter: bool = True) -> dict[str, Any]:
             "floors": (t.l_cap, t.l_ttl, t.l_trim, t.delete_below, t.evict_floor),
             "records": records,
             "tombstones": tombs,
-            "not_n1": (
-                [r["$seq"] for r in read_all(eng, name, node="n1")[0]] if node_filter else None
-            ),
+            "not_n1": [r["$seq"] for r in read_all(eng, name, node="n1")[0]],
             "queue": queue_state(eng, name) if t.config.is_queue else None,
         }
     rs = eng.routers
@@ -376,13 +369,13 @@ def test_the_workload_comes_back_from_the_wal_and_snapshots(tmp_path: Path, stop
         env.checkpoint()
         workload_part2(d, "disk")
         env.settle()
-        before = observe(env.eng, node_filter=False)
+        before = observe(env.eng)
     finally:
         env.stop(graceful=stop == "close")
     again = DurableEnv(tmp_path, clock)
     try:
         if stop == "abort":
             assert again.storage.report.records > 0  # the WAL was replayed
-        check_same(before, observe(again.eng, node_filter=False))
+        check_same(before, observe(again.eng))
     finally:
         again.stop(graceful=True)

@@ -887,12 +887,11 @@ class Topic:
         if cur + 1 < base:
             # Seqs below base_seq have no slot: the cursor passes them unexamined.
             nxt = min(base - 1, H)
-        node_ids: np.ndarray[Any, Any] | None = None
-        if nodes and self.config.dedupe_node:
-            ids = [self._nodes.lookup(n) for n in nodes]
-            ids = [i for i in ids if i]
-            if ids:
-                node_ids = np.array(ids, dtype=np.uint32)
+        # Own-node records are skipped by interned node id. Slots loaded from disk
+        # learn their node only when a filtered read first resolves them, so the ids
+        # are looked up again after each window is resolved (a node this process has
+        # not seen yet may be in the window).
+        own = nodes if nodes and self.config.dedupe_node else None
         cutoff = now - self.config.ttl_ms if self.config.ttl_ms > 0 else None
         out: list[bytes] = []
         seqs: list[int] = []
@@ -908,9 +907,11 @@ class Topic:
             skip = flags == DELETED
             if cutoff is not None and cutoff > 0:
                 skip |= w["ts"] < cutoff
-            if node_ids is not None:
+            if own is not None:
                 self._resolve_nodes(w, pos)
-                skip |= np.isin(w["node"], node_ids)
+                ids = [i for i in map(self._nodes.lookup, own) if i]
+                if ids:
+                    skip |= np.isin(w["node"], np.array(ids, dtype=np.uint32))
             deliver = np.flatnonzero(~skip)
             want = limit - len(out)
             stop_pos = count - 1  # last examined position in this chunk
