@@ -16,6 +16,7 @@ import orjson
 from topics.auth import check_config_names
 from topics.config import SCOPE_ADMIN
 from topics.engine.core import DiffParams, Engine, Replay
+from topics.engine.frames import ReadAhead
 from topics.engine.topic import PendingWrite, ReadResult, Topic
 from topics.errors import TopicsError
 from topics.http.app import Ctx, drive
@@ -167,7 +168,7 @@ def render_diff(t: Topic, r: ReadResult, t0: float) -> bytes:
 #: Records a diff renders per step of the loop: a long page is read in slices with
 #: the loop free in between, so one client's scan delays another's write ack or
 #: live delivery by at most a slice (docs/ARCHITECTURE.md, "The read path").
-DIFF_SLICE = 128
+DIFF_SLICE = 256
 
 
 async def read_diff(eng: Engine, name: str, p: DiffParams) -> tuple[Topic, ReadResult]:
@@ -182,7 +183,8 @@ async def read_diff(eng: Engine, name: str, p: DiffParams) -> tuple[Topic, ReadR
     t0 = eng.get(name)
     if t0 is not None and t0.head_seq - p.from_seq > DIFF_SLICE:
         await history_gate.turn()  # a page of history gives way to writes in flight
-    t, r = await read_pool.run(partial(eng.diff, name, first))
+    ahead = ReadAhead()
+    t, r = await read_pool.run(partial(eng.diff, name, first), ahead)
     if first is p or len(r.records) < DIFF_SLICE:
         return t, r
     tomb = r.tombstone
@@ -203,7 +205,8 @@ async def read_diff(eng: Engine, name: str, p: DiffParams) -> tuple[Topic, ReadR
                 include_tags=p.include_tags,
                 include_meta=p.include_meta,
                 used=r.used,
-            )
+            ),
+            ahead,
         )
         if more.tombstone is not None:
             break

@@ -32,6 +32,8 @@ T = TypeVar("T")
 
 #: Threads reading segment files for reads off the loop (at most this many preads at once).
 READ_THREADS = 4
+#: Least bytes one fetch reads (a page of small records in one trip to the pool).
+READ_AHEAD_BYTES = 256 * 1024
 #: Fetches one read may need before it runs with blocking reads on the loop instead
 #: (a read touches one span per segment it crosses; this is far above that).
 MAX_FETCHES = 64
@@ -62,14 +64,18 @@ class ReadPool:
                     )
         return pool
 
-    async def run(self, read: Callable[[], T]) -> T:
+    async def run(self, read: Callable[[], T], ahead: ReadAhead | None = None) -> T:
         """`read()` on the loop, its segment bytes fetched on the pool first.
 
         `read` must change nothing before it raises (engine reads raise
-        ColdRead before touching state). Returns what `read` returns; raises
-        what it raises, and OSError when a fetch fails.
+        ColdRead before touching state). A fetch reads at least
+        :data:`READ_AHEAD_BYTES` from where the read needs bytes; pass the same
+        `ahead` to the reads of one page (its slices) so later ones find them.
+        Returns what `read` returns; raises what it raises, and OSError when a
+        fetch fails.
         """
-        ahead = ReadAhead()
+        if ahead is None:
+            ahead = ReadAhead()
         loop = asyncio.get_running_loop()
         for _ in range(MAX_FETCHES):
             token = read_ahead.set(ahead)
@@ -79,7 +85,8 @@ class ReadPool:
                 miss = need
             finally:
                 read_ahead.reset(token)
-            buf = await loop.run_in_executor(self._executor(), miss.source.fetch, miss.lo, miss.hi)
+            hi = max(miss.hi, miss.lo + READ_AHEAD_BYTES)  # short at the end of the file
+            buf = await loop.run_in_executor(self._executor(), miss.source.fetch, miss.lo, hi)
             self.fetches += 1
             self.fetched_bytes += len(buf)
             ahead.add(miss.source, miss.lo, buf)
