@@ -117,7 +117,7 @@ __all__ = [
     "End",
     "ScanResult",
     "encode_frame",
-    "encode_append",
+    "encode_record",
     "encode_appends",
     "encode_batch",
     "BatchLayout",
@@ -129,7 +129,6 @@ __all__ = [
     "iter_frames",
     "scan",
     "wal_to_segment",
-    "encode_segment_record",
     "decode_segment_frame",
     "iter_segment_frames",
     "scan_segment",
@@ -465,7 +464,7 @@ def encode_frame(
     return _frame(False, type, flags, topic_id, seq, ts, node, tag, bytes(payload), None)
 
 
-def encode_append(
+def encode_record(
     topic_id: int,
     seq: int,
     ts: int,
@@ -475,14 +474,17 @@ def encode_append(
     meta: bytes | None,
     *,
     durable: bool,
+    segment: bool = False,
 ) -> bytes:
-    """One Append frame for a record (`data`/`meta` are compact JSON bytes).
+    """One record frame (`data`/`meta` are compact JSON bytes): a WAL Append frame,
+    or with `segment` its segment `.data` frame, equal to
+    `wal_to_segment(encode_record(...))`.
 
     `ts` is ms. The payload is `data`, or `meta_len u32 | meta | data` when
     `meta` is not None. Raises FrameError as :func:`encode_frame`.
     """
     return _frame(
-        False, APPEND, F_DURABLE if durable else 0, topic_id, seq, ts, node, tag, data, meta
+        segment, APPEND, F_DURABLE if durable else 0, topic_id, seq, ts, node, tag, data, meta
     )
 
 
@@ -536,7 +538,7 @@ def encode_appends(
 ) -> bytes:
     """Append frames for a batch, seqs `first_seq, first_seq + 1, ...`, all at `ts` (ms).
 
-    Byte-identical to concatenating :func:`encode_append` per record. Raises
+    Byte-identical to concatenating :func:`encode_record` per record. Raises
     FrameError as :func:`encode_frame` (nothing is returned for a partial batch).
     """
     return encode_batch(topic_id, first_seq, ts, records, durable)[0]
@@ -1165,26 +1167,6 @@ def wal_to_segment(wal_frame_bytes: Buf) -> bytes:
     crc_off = r.size - _CRC
     body = b"".join((_U32.pack(r.size - 5), mv[5:crc_off]))
     return body + CHECKSUM.pack(checksum(memoryview(body)[4:]))
-
-
-def encode_segment_record(
-    topic_id: int,
-    seq: int,
-    ts: int,
-    node: str | None,
-    tag: str | None,
-    data: bytes,
-    meta: bytes | None,
-    *,
-    durable: bool,
-) -> bytes:
-    """One segment `.data` frame for a record; equals `wal_to_segment(encode_append(...))`.
-
-    Raises FrameError as :func:`encode_append`.
-    """
-    return _frame(
-        True, APPEND, F_DURABLE if durable else 0, topic_id, seq, ts, node, tag, data, meta
-    )
 
 
 assert HEADER.size == WAL_HDR and SEG_HEADER.size == SEG_HDR
