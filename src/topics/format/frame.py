@@ -461,7 +461,7 @@ def encode_frame(
     if type == APPEND and flags & F_HAS_META:
         if len(payload) < 4 or _U32.unpack_from(payload)[0] > len(payload) - 4:
             raise FrameError("has_meta payload does not start with a fitting meta_len")
-    return _frame(False, type, flags, topic_id, seq, ts, node, tag, bytes(payload), None)
+    return _frame(False, type, flags, topic_id, seq, ts, node, tag, (bytes(payload),))
 
 
 def encode_record(
@@ -483,8 +483,15 @@ def encode_record(
     `ts` is ms. The payload is `data`, or `meta_len u32 | meta | data` when
     `meta` is not None. Raises FrameError as :func:`encode_frame`.
     """
+    flags = F_DURABLE if durable else 0
+    if meta is None:
+        return _frame(segment, APPEND, flags, topic_id, seq, ts, node, tag, (data,))
+    try:
+        meta_len = _U32.pack(len(meta))
+    except struct.error as e:
+        raise FrameError(f"frame field out of range: {e}") from None
     return _frame(
-        segment, APPEND, F_DURABLE if durable else 0, topic_id, seq, ts, node, tag, data, meta
+        segment, APPEND, flags | F_HAS_META, topic_id, seq, ts, node, tag, (meta_len, meta, data)
     )
 
 
@@ -497,13 +504,12 @@ def _frame(
     ts: int,
     node: str | None,
     tag: str | None,
-    data: bytes,
-    meta: bytes | None,
+    payload: tuple[bytes, ...],
 ) -> bytes:
-    """A WAL frame of `type` whose payload is `data` (after `meta_len u32 | meta` when
-    `meta` is not None), or (`seg`) a record's segment frame (which has no type byte).
+    """A WAL frame of `type` whose payload is the concatenation of `payload`, or
+    (`seg`) a record's segment frame (which has no type byte).
 
-    The has_node/has_tag/has_meta flags are added to `flags` from what is given.
+    The has_node/has_tag flags are added to `flags` from what is given.
     """
     if node is not None:
         flags |= F_HAS_NODE
@@ -511,14 +517,8 @@ def _frame(
         flags |= F_HAS_TAG
     nb, tb = _text(node, "node"), _text(tag, "tag")
     nl, tl = len(nb), len(tb)
+    dl = sum(map(len, payload))
     try:
-        if meta is None:
-            payload: tuple[bytes, ...] = (data,)
-            dl = len(data)
-        else:
-            flags |= F_HAS_META
-            payload = (_U32.pack(len(meta)), meta, data)
-            dl = 4 + len(meta) + len(data)
         if seg:
             head = SEG_HEADER.pack(
                 _SEG_FIXED + nl + tl + dl + _CRC, flags, topic_id, seq, ts, nl, tl, dl
@@ -795,7 +795,7 @@ def encode_control(
     except Exception as e:  # TypeError/ValueError/OverflowError from the packer
         raise FrameError(f"control body cannot be packed: {e}") from None
     return _frame(
-        False, type, F_DURABLE if durable else 0, topic_id, seq, ts, None, None, payload, None
+        False, type, F_DURABLE if durable else 0, topic_id, seq, ts, None, None, (payload,)
     )
 
 
