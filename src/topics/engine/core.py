@@ -444,17 +444,7 @@ class Engine:
         """Validate a write body; raises 400s before any topic lookup."""
         if not isinstance(body, dict):
             raise bad_request("write body must be a JSON object")
-        lim = self.limits
-        records = prepare_records(
-            body.get("records"),
-            body.get("node"),
-            max_batch=lim.max_batch_records,
-            max_record_bytes=lim.max_record_bytes,
-            max_meta_bytes=lim.max_meta_bytes,
-            max_meta_keys=lim.max_meta_keys,
-            max_tag_bytes=lim.max_tag_bytes,
-            max_node_bytes=lim.max_node_bytes,
-        )
+        records = prepare_records(body.get("records"), body.get("node"), self.limits)
         key = opt_str(body, "idempotency_key")
         if key is None:
             key = header_key

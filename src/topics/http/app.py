@@ -37,7 +37,6 @@ from topics.engine.records import (
     iter_density_check,
     iter_write_body,
     loads,
-    record_caps,
 )
 from topics.errors import TopicsError, bad_request, throttled
 from topics.http.responses import Resp, error_resp
@@ -518,7 +517,7 @@ class TopicsApp:
 
     async def _parse_write_body(self, raw: bytes | bytearray) -> dict[str, Any] | None:
         """Run :func:`iter_write_body`, letting the loop run between pieces."""
-        steps = iter_write_body(raw, **record_caps(self.engine.limits))
+        steps = iter_write_body(raw, self.engine.limits)
         body: dict[str, Any] | None = await drive(steps)
         return body
 
