@@ -216,7 +216,7 @@ def _check_salvage(h: Durable, frames: list[Frame], victim: Frame, name: str) ->
     t = by_id[victim.topic_id]
     lost = [(a, b) for a, b in t.lost if a <= victim.seq <= b]
     assert lost, f"{name}: the unreadable seq is not recorded as lost"
-    _t, r = eng.diff(t.name, DiffParams(victim.seq - 1, 1000, None, False, True, 0, 1 << 20))
+    _t, r = eng.diff(t.name, DiffParams(from_seq=victim.seq - 1, limit=1000, budget=1 << 20))
     assert r.tombstone is not None and r.tombstone.reason == "corrupt"
     assert r.tombstone.gap_from == victim.seq and r.tombstone.gap_to == lost[0][1]
     # The other shard is untouched.

@@ -56,6 +56,7 @@ from topics.engine.topic import (
     DedupeEntry,
     NodeInterner,
     PendingWrite,
+    ReadOpts,
     ReadResult,
     Topic,
     Totals,
@@ -163,17 +164,13 @@ class Replay:
     pending: PendingWrite
 
 
-@dataclass(slots=True)
-class DiffParams:
-    """Normalised read parameters (docs/API.md, "8.1 `POST /v0/topics/:topic/diff`")."""
+@dataclass(frozen=True, slots=True)
+class DiffParams(ReadOpts):
+    """Normalised diff parameters (docs/API.md, "8.1 `POST /v0/topics/:topic/diff`"):
+    the read options, the cursor `from_seq` and the long-poll `wait_ms`."""
 
-    from_seq: int
-    limit: int
-    nodes: list[str] | None
-    include_tags: bool
-    include_meta: bool
-    wait_ms: int
-    budget: int
+    from_seq: int = 0
+    wait_ms: int = 0
 
 
 def norm_limit(v: int, max_limit: int = 1000) -> int:
@@ -730,16 +727,7 @@ class Engine:
         """One diff pass on `name`; `404` when absent."""
         t = self.require(name)
         now = self.prepare_read(t)
-        r = t.read(
-            p.from_seq,
-            p.limit,
-            p.budget,
-            now=now,
-            nodes=p.nodes,
-            include_tags=p.include_tags,
-            include_meta=p.include_meta,
-        )
-        return t, r
+        return t, t.read_opts(p.from_seq, p, now=now)
 
     # ----------------------------------------------------------- record delete
 
