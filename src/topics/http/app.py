@@ -32,12 +32,7 @@ from topics.clock import Clock
 from topics.config import SCOPE_ADMIN, SCOPE_DELETE, SCOPE_READ, SCOPE_WRITE, ServerConfig
 from topics.engine.core import Engine
 from topics.engine.frames import FrameCorrupt
-from topics.engine.records import (
-    INCREMENTAL_MIN_BYTES,
-    iter_density_check,
-    iter_write_body,
-    loads,
-)
+from topics.engine.records import INCREMENTAL_MIN_BYTES, iter_density_check, iter_write_body, loads
 from topics.errors import TopicsError, bad_request, throttled
 from topics.http.responses import Resp, error_resp
 from topics.node import Node
