@@ -72,7 +72,7 @@ def test_a_diff_over_segments_reads_no_file_on_the_loop(
         out: list[bytes] = []
         cur = 0
         while True:
-            p = DiffParams(cur, 700, None, True, True, 0, 1 << 20)
+            p = DiffParams(from_seq=cur, limit=700, include_tags=True, budget=1 << 20)
             _t, r = await pool.run(lambda p=p: eng.diff("hist", p))
             out.extend(r.records)
             if r.caught_up:
@@ -118,7 +118,7 @@ def test_a_slow_disk_does_not_stall_the_loop(
 
         tick = asyncio.create_task(ticker())
         await asyncio.sleep(0.02)
-        p = DiffParams(0, 100, None, True, True, 0, 1 << 20)
+        p = DiffParams(from_seq=0, limit=100, include_tags=True, budget=1 << 20)
         _t, r = await pool.run(lambda: eng.diff("hist", p))
         stop = True
         await tick

@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 
 from tests.support.realstore import RealStore, open_fds, proc_status_kib
-from topics.format.frame import encode_segment_record
+from topics.format.frame import encode_record
 from topics.storage.checkpoint import CheckpointConfig
 from topics.storage.fs import RealFs
 from topics.storage.segment import SegmentWriter, scan_segments, topic_dir
@@ -426,7 +426,9 @@ def test_an_evicted_map_stays_valid_for_the_read_that_holds_it(tmp_path: Path) -
     for first in (1, 100):
         w = SegmentWriter(fs, d, first)
         fr = [
-            encode_segment_record(7, first + k, 1000, None, None, b'"x%d"' % k, None, durable=True)
+            encode_record(
+                7, first + k, 1000, None, None, b'"x%d"' % k, None, durable=True, segment=True
+            )
             for k in range(3)
         ]
         frames.extend(fr)
@@ -462,7 +464,7 @@ def test_active_source_preads_reopen_after_eviction_and_close_returns_the_fd(
     fs = RealFs()
     d = str(tmp_path / "seg")
     w = SegmentWriter(fs, d, 1)
-    fr = encode_segment_record(7, 1, 1000, None, None, b'"a"', None, durable=True)
+    fr = encode_record(7, 1, 1000, None, None, b'"a"', None, durable=True, segment=True)
     w.append_many([fr], [1000], [fr[4]])
     w.flush()
     assert w.release() and not w.holds_files
@@ -477,7 +479,7 @@ def test_active_source_preads_reopen_after_eviction_and_close_returns_the_fd(
             assert bytes(buf) == fr and lo == 0
         assert sum(s.is_open for s in srcs) == 1 and open_fds() == base + 1
         # The writer reopens on demand for the next append, then lets go again.
-        fr2 = encode_segment_record(7, 2, 1001, None, None, b'"b"', None, durable=True)
+        fr2 = encode_record(7, 2, 1001, None, None, b'"b"', None, durable=True, segment=True)
         w.append_many([fr2], [1001], [fr2[4]])
         assert w.holds_files and not w.release()  # not flushed yet: keeps its files
         w.flush()

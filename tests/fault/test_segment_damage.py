@@ -139,7 +139,7 @@ def test_damaged_published_segment_refuses_then_repair_tombstones(case: str) -> 
         assert lo in firsts
         got = [r["$seq"] for r in h.read_all("s") or []]
         assert got == [s for s in range(1, 3 * SEG + 4) if not lo <= s <= hi]
-        _t, r = h.eng().diff("s", DiffParams(lo - 1, 1000, None, False, True, 0, 1 << 20))
+        _t, r = h.eng().diff("s", DiffParams(from_seq=lo - 1, limit=1000, budget=1 << 20))
         assert r.tombstone is not None and r.tombstone.reason == "corrupt"
         assert (r.tombstone.gap_from, r.tombstone.gap_to) == (lo, hi)
         head = t.head_seq

@@ -26,7 +26,7 @@ from tests.support.clock import TestClock
 from tests.support.durable import DATA_DIR, Durable, check_oracle, make_records
 from tests.support.fakedisk import FakeDisk
 from topics.engine.core import DiffParams
-from topics.format.frame import APPEND, Frame, encode_append
+from topics.format.frame import APPEND, Frame, encode_record
 from topics.storage.journal import shard_dirs
 from topics.storage.repair import apply_repair, plan_repair
 from topics.storage.wal import WalDamage, scan_shard
@@ -81,7 +81,7 @@ def _stale_seq(fr: Frame, prev: Frame | None) -> tuple[int, bytes]:
     """
     assert prev is not None
     data = fr.data
-    new = encode_append(
+    new = encode_record(
         fr.topic_id, fr.seq - 1, fr.ts, fr.node, fr.tag, data, fr.meta, durable=True
     )
     assert len(new) == fr.size
@@ -164,7 +164,7 @@ def test_torn_last_frame_is_truncated_never_misread(tear: str) -> None:
         d = posixpath.dirname(path)
         end = scan_shard(disk, d).end_offset
         a = next(f for f in reversed(frames) if f.type == APPEND)
-        inflight = encode_append(
+        inflight = encode_record(
             a.topic_id, a.seq + 1, a.ts, None, None, b'"never acked"', None, durable=True
         )
         fr = Frame(APPEND, 0, a.topic_id, a.seq + 1, a.ts, None, None, b"", end, len(inflight))
@@ -216,7 +216,7 @@ def _check_salvage(h: Durable, frames: list[Frame], victim: Frame, name: str) ->
     t = by_id[victim.topic_id]
     lost = [(a, b) for a, b in t.lost if a <= victim.seq <= b]
     assert lost, f"{name}: the unreadable seq is not recorded as lost"
-    _t, r = eng.diff(t.name, DiffParams(victim.seq - 1, 1000, None, False, True, 0, 1 << 20))
+    _t, r = eng.diff(t.name, DiffParams(from_seq=victim.seq - 1, limit=1000, budget=1 << 20))
     assert r.tombstone is not None and r.tombstone.reason == "corrupt"
     assert r.tombstone.gap_from == victim.seq and r.tombstone.gap_to == lost[0][1]
     # The other shard is untouched.

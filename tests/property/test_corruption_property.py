@@ -112,7 +112,7 @@ def _run(data: st.DataObject) -> None:
             assert t.head_seq >= max(acked[name], default=0)
         if victim is not None:
             t = by_id[victim[0]]
-            p = DiffParams(victim[1] - 1, 1000, None, False, True, 0, 1 << 20)
+            p = DiffParams(from_seq=victim[1] - 1, limit=1000, budget=1 << 20)
             _t, r = eng.diff(t.name, p)
             assert r.tombstone is not None and r.tombstone.reason == "corrupt", victim
             assert r.tombstone.gap_from == victim[1]

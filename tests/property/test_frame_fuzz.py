@@ -59,14 +59,16 @@ class Spec:
     def wal(self) -> bytes:
         if self.kind == "append":
             topic_id, seq, ts, node, tag, data, meta, durable = self.args
-            return F.encode_append(topic_id, seq, ts, node, tag, data, meta, durable=durable)
+            return F.encode_record(topic_id, seq, ts, node, tag, data, meta, durable=durable)
         typ, topic_id, body, seq, ts = self.args
         return F.encode_control(typ, topic_id, body, seq=seq, ts=ts)
 
     def seg(self) -> bytes:
         assert self.kind == "append"
         topic_id, seq, ts, node, tag, data, meta, durable = self.args
-        return F.encode_segment_record(topic_id, seq, ts, node, tag, data, meta, durable=durable)
+        return F.encode_record(
+            topic_id, seq, ts, node, tag, data, meta, durable=durable, segment=True
+        )
 
 
 u64 = st.integers(min_value=0, max_value=2**64 - 1)
@@ -146,8 +148,16 @@ def test_near_miss_frames_never_raise(case: tuple[bytes, bool]) -> None:
     if isinstance(r, Frame):  # whatever decodes must re-encode to exactly the bytes read
         raw = buf[: r.size]
         if seg:
-            assert raw == F.encode_segment_record(
-                r.topic_id, r.seq, r.ts, r.node, r.tag, r.data, r.meta, durable=r.durable
+            assert raw == F.encode_record(
+                r.topic_id,
+                r.seq,
+                r.ts,
+                r.node,
+                r.tag,
+                r.data,
+                r.meta,
+                durable=r.durable,
+                segment=True,
             )
         else:
             flags = r.flags & ~(F.F_HAS_NODE | F.F_HAS_TAG)

@@ -629,7 +629,7 @@ class Durable:
         out: list[dict[str, Any]] = []
         cur = 0
         while True:
-            p = DiffParams(cur, 1000, None, True, True, 0, 8_388_608)
+            p = DiffParams(from_seq=cur, limit=1000, include_tags=True, budget=8_388_608)
             _t, r = eng.diff(topic, p)
             out.extend(orjson.loads(b) for b in r.records)
             if r.next_from_seq <= cur or r.caught_up:
@@ -660,7 +660,7 @@ class Durable:
         return fp
 
     def _tombstone(self, topic: str) -> Any:
-        _t, r = self.eng().diff(topic, DiffParams(0, 1, None, False, True, 0, 1_048_576))
+        _t, r = self.eng().diff(topic, DiffParams(from_seq=0, limit=1, budget=1_048_576))
         return None if r.tombstone is None else r.tombstone.to_wire()
 
     @property

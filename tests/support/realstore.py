@@ -168,7 +168,9 @@ class RealStore:
         out: list[dict[str, Any]] = []
         cur = 0
         while True:
-            _t, r = eng.diff(topic, DiffParams(cur, 1000, None, True, True, 0, budget))
+            _t, r = eng.diff(
+                topic, DiffParams(from_seq=cur, limit=1000, include_tags=True, budget=budget)
+            )
             out.extend(orjson.loads(b) for b in r.records)
             if r.next_from_seq <= cur or r.caught_up:
                 return out

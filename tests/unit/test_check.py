@@ -12,9 +12,8 @@ from tests.support.segreader import SegmentReader
 from topics.format.frame import (
     DELETE,
     TOPIC_CREATE,
-    encode_append,
     encode_control,
-    encode_segment_record,
+    encode_record,
 )
 from topics.storage.check import CORRUPT, INFO, WARNING, check
 from topics.storage.fs import RealFs
@@ -50,7 +49,7 @@ def wal_frames(topic: int, n: int, first_seq: int = 1) -> list[bytes]:
     for i in range(n):
         seq = first_seq + i
         out.append(
-            encode_append(
+            encode_record(
                 topic,
                 seq,
                 1000 + seq,
@@ -79,7 +78,7 @@ def write_wal(d: Path, frames: list[bytes], *, file_bytes: int = FILE) -> None:
 
 
 def seg_record(topic: int, seq: int) -> bytes:
-    return encode_segment_record(
+    return encode_record(
         topic,
         seq,
         1000 + seq,
@@ -88,6 +87,7 @@ def seg_record(topic: int, seq: int) -> bytes:
         b'{"s":%d}' % seq,
         None,
         durable=True,
+        segment=True,
     )
 
 
@@ -381,8 +381,8 @@ def test_bad_control_payload_and_seq_regress(tmp_path: Path) -> None:
 
     extra = [
         encode_frame(HEAD_WATERMARK, TOPIC, 5, 0, b"\xc1"),  # 0xc1 is never valid msgpack
-        encode_append(TOPIC, 2, 5000, None, None, b"{}", None, durable=True),  # seq goes back
-        encode_append(TOPIC, 20, 5000, None, None, b"not json", None, durable=True),
+        encode_record(TOPIC, 2, 5000, None, None, b"{}", None, durable=True),  # seq goes back
+        encode_record(TOPIC, 20, 5000, None, None, b"not json", None, durable=True),
     ]
     write_wal(dd.wal_dirs[0], extra)
     r = check(RealFs(), str(dd.root))

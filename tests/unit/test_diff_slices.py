@@ -76,7 +76,7 @@ def test_a_long_page_yields_to_the_loop_between_slices() -> None:
         task = asyncio.create_task(ticker())
         await asyncio.sleep(0)
         before = ticks
-        _t, r = await read_diff(eng, "t", DiffParams(0, 1000, None, False, True, 0, 1 << 22))
+        _t, r = await read_diff(eng, "t", DiffParams(from_seq=0, limit=1000, budget=1 << 22))
         stop = True
         await task
         assert len(r.records) > 3 * DIFF_SLICE

@@ -107,7 +107,7 @@ def test_constants_match_formats_md() -> None:
 
 def test_append_exact_byte_layout_against_hand_built_frame() -> None:
     node, tag = "nödé", "tag:1"
-    got = F.encode_append(0x0102030405060708, 77, TS, node, tag, DATA, None, durable=True)
+    got = F.encode_record(0x0102030405060708, 77, TS, node, tag, DATA, None, durable=True)
     want = raw_frame(
         1,
         F.F_HAS_TAG | F.F_HAS_NODE | F.F_DURABLE,
@@ -152,7 +152,7 @@ def test_smallest_frame_is_46_bytes() -> None:
 
 
 def test_has_meta_payload_layout() -> None:
-    b = F.encode_append(1, 2, 3, "n", None, DATA, META, durable=False)
+    b = F.encode_record(1, 2, 3, "n", None, DATA, META, durable=False)
     assert b == raw_frame(
         1,
         F.F_HAS_NODE | F.F_HAS_META,
@@ -168,10 +168,10 @@ def test_has_meta_payload_layout() -> None:
     assert f.payload == le(len(META), 4) + META + DATA
     assert f.meta == META and f.data == DATA
     # Without meta the payload is the data itself.
-    g = decoded(F.encode_append(1, 2, 3, None, None, DATA, None, durable=False))
+    g = decoded(F.encode_record(1, 2, 3, None, None, DATA, None, durable=False))
     assert g.payload == DATA and g.data == DATA and g.meta is None and g.flags == 0
     # Empty meta is present-but-empty, distinct from absent.
-    h = decoded(F.encode_append(1, 2, 3, None, None, DATA, b"", durable=True))
+    h = decoded(F.encode_record(1, 2, 3, None, None, DATA, b"", durable=True))
     assert h.meta == b"" and h.data == DATA and h.payload == le(0, 4) + DATA
 
 
@@ -185,7 +185,7 @@ def test_has_meta_payload_layout() -> None:
 def test_append_round_trip(
     node: str | None, tag: str | None, meta: bytes | None, durable: bool
 ) -> None:
-    b = F.encode_append(2**64 - 1, 2**63, 2**64 - 1, node, tag, DATA, meta, durable=durable)
+    b = F.encode_record(2**64 - 1, 2**63, 2**64 - 1, node, tag, DATA, meta, durable=durable)
     f = decoded(b"\x00" * 0 + b)
     assert (f.type, f.topic_id, f.seq, f.ts) == (F.APPEND, 2**64 - 1, 2**63, 2**64 - 1)
     assert (f.node, f.tag, f.data, f.meta, f.durable) == (node, tag, DATA, meta, durable)
@@ -263,7 +263,7 @@ def test_encode_appends_marks_all_but_the_last_frame_of_a_write() -> None:
         assert [bool(f.flags & F.F_BATCH_MORE) for f in res.frames] == [True] * 5 + [False]
         # Apart from that flag (and so the checksum) the bytes match per-record encoding.
         singles = [
-            F.encode_append(5, 100 + i, TS, r.node, r.tag, r.data, r.meta, durable=durable)
+            F.encode_record(5, 100 + i, TS, r.node, r.tag, r.data, r.meta, durable=durable)
             for i, r in enumerate(recs)
         ]
         assert singles[-1] == batch[res.frames[-1].offset :]
@@ -369,9 +369,9 @@ def test_encode_rejects_out_of_range_fields(kwargs: dict[str, Any]) -> None:
     args: dict[str, Any] = {"topic_id": 1, "seq": 1, "ts": 1, "node": None, "tag": None}
     args.update(kwargs)
     with pytest.raises(FrameError):
-        F.encode_append(**args, data=DATA, meta=None, durable=False)
+        F.encode_record(**args, data=DATA, meta=None, durable=False)
     with pytest.raises(FrameError):
-        F.encode_segment_record(**args, data=DATA, meta=None, durable=False)
+        F.encode_record(**args, data=DATA, meta=None, durable=False, segment=True)
     with pytest.raises(FrameError):
         F.encode_appends(
             args["topic_id"],
@@ -407,7 +407,7 @@ def test_encode_rejects_bad_types_and_bodies() -> None:
 
 
 def test_control_and_record_accessors_reject_the_wrong_kind() -> None:
-    app = decoded(F.encode_append(1, 1, 1, None, None, DATA, None, durable=False))
+    app = decoded(F.encode_record(1, 1, 1, None, None, DATA, None, durable=False))
     with pytest.raises(FrameError):
         app.control()
     ctl = decoded(F.encode_control(F.TOPIC_DELETE, 1, {"name": "x"}))
@@ -437,7 +437,7 @@ def test_control_garbage_payload_raises_frame_error(payload: bytes) -> None:
 
 # -- torn and corrupt frames ---------------------------------------------------
 
-FRAME = F.encode_append(3, 9, TS, "node", "tag", DATA, META, durable=True)
+FRAME = F.encode_record(3, 9, TS, "node", "tag", DATA, META, durable=True)
 NL, TL = 4, 3
 CRC_OFF = len(FRAME) - 8
 
@@ -558,7 +558,7 @@ REGIONS = {
 
 @pytest.mark.parametrize("region", list(REGIONS))
 def test_every_bit_flip_in_each_region_is_torn(region: str) -> None:
-    tail = F.encode_append(3, 10, TS, None, None, b"1", None, durable=True)
+    tail = F.encode_record(3, 10, TS, None, None, b"1", None, durable=True)
     for i in REGIONS[region]:
         for bit in range(8):
             b = bytearray(FRAME)
@@ -590,7 +590,7 @@ def test_bad_offsets_and_buffer_kinds() -> None:
 
 def _log(n: int) -> tuple[bytes, list[int]]:
     frames = [
-        F.encode_append(1, i + 1, TS, "n" if i % 2 else None, None, b"%d" % i, None, durable=True)
+        F.encode_record(1, i + 1, TS, "n" if i % 2 else None, None, b"%d" % i, None, durable=True)
         if i % 3
         else F.encode_control(F.HEAD_WATERMARK, 1, {}, seq=i)
         for i in range(n)
@@ -642,10 +642,10 @@ def test_scan_preallocated_tail() -> None:
 def test_wal_to_segment_preserves_every_record_field(
     node: str | None, tag: str | None, meta: bytes | None, durable: bool
 ) -> None:
-    wal = F.encode_append(0xABCDEF, 123456, TS, node, tag, DATA, meta, durable=durable)
+    wal = F.encode_record(0xABCDEF, 123456, TS, node, tag, DATA, meta, durable=durable)
     seg = F.wal_to_segment(wal)
-    assert seg == F.encode_segment_record(
-        0xABCDEF, 123456, TS, node, tag, DATA, meta, durable=durable
+    assert seg == F.encode_record(
+        0xABCDEF, 123456, TS, node, tag, DATA, meta, durable=durable, segment=True
     )
     # Layout: type byte dropped, record fields one verbatim byte range, len and crc rewritten.
     assert len(seg) == len(wal) - 1
@@ -668,7 +668,7 @@ def test_wal_to_segment_preserves_every_record_field(
 
 
 def test_wal_to_segment_rejects_anything_but_one_valid_append_frame() -> None:
-    wal = F.encode_append(1, 1, 1, None, None, DATA, None, durable=False)
+    wal = F.encode_record(1, 1, 1, None, None, DATA, None, durable=False)
     bad = bytearray(wal)
     bad[-12] ^= 1
     for src in (
@@ -685,8 +685,8 @@ def test_wal_to_segment_rejects_anything_but_one_valid_append_frame() -> None:
 
 
 def test_segment_decoder_torn_rules() -> None:
-    seg = F.encode_segment_record(1, 2, 3, "n", "t", DATA, META, durable=True)
-    assert len(F.encode_segment_record(0, 0, 0, None, None, b"", None, durable=False)) == 45
+    seg = F.encode_record(1, 2, 3, "n", "t", DATA, META, durable=True, segment=True)
+    assert len(F.encode_record(0, 0, 0, None, None, b"", None, durable=False, segment=True)) == 45
     assert F.decode_segment_frame(b"") == End(0)
     assert F.decode_segment_frame(b"\x00" * 64) == End(0)
     assert F.decode_segment_frame(seg[:2]) == Torn(0, F.TORN_SHORT_PREFIX)
@@ -701,10 +701,10 @@ def test_segment_decoder_torn_rules() -> None:
         assert isinstance(F.decode_segment_frame(bytes(b)), Torn), i
     # A WAL frame is not a segment frame and vice versa.
     assert not isinstance(
-        F.decode_segment_frame(F.encode_append(1, 2, 3, "n", "t", DATA, META, durable=True)), Frame
+        F.decode_segment_frame(F.encode_record(1, 2, 3, "n", "t", DATA, META, durable=True)), Frame
     )
     assert not isinstance(F.decode_frame(seg), Frame)
-    two = seg + F.encode_segment_record(1, 3, 3, None, None, b"1", None, durable=True)
+    two = seg + F.encode_record(1, 3, 3, None, None, b"1", None, durable=True, segment=True)
     res = F.scan_segment(two + b"\x00" * 10)
     assert [f.seq for f in res.frames] == [2, 3] and res.end_offset == len(two) and res.torn is None
     assert list(F.iter_segment_frames(two)) == res.frames

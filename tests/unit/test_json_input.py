@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from topics.config import Limits
 from topics.engine import records as records_mod
 from topics.engine.records import (
     PreparedRecords,
@@ -32,14 +33,14 @@ from topics.errors import TopicsError
 SCALE = float(os.environ.get("TOPICS_FUZZ_SCALE", "1"))
 
 # Small caps so that the limits are hit by generated bodies too.
-CAPS: dict[str, int] = {
-    "max_batch": 40,
-    "max_record_bytes": 600,
-    "max_meta_bytes": 120,
-    "max_meta_keys": 4,
-    "max_tag_bytes": 16,
-    "max_node_bytes": 12,
-}
+CAPS = Limits(
+    max_batch_records=40,
+    max_record_bytes=600,
+    max_meta_bytes=120,
+    max_meta_keys=4,
+    max_tag_bytes=16,
+    max_node_bytes=12,
+)
 
 
 # ---------------------------------------------------------------- strict loads
@@ -154,7 +155,7 @@ def reference(raw: bytes) -> tuple[str, Any]:
     if not isinstance(body, dict):
         return "not-object", None
     try:
-        recs = prepare_records(body.get("records"), body.get("node"), **CAPS)
+        recs = prepare_records(body.get("records"), body.get("node"), CAPS)
     except TopicsError as err:
         return "error", (err.status, err.code, err.message)
     rest = {k: v for k, v in body.items() if k != "records"}
@@ -162,7 +163,7 @@ def reference(raw: bytes) -> tuple[str, Any]:
 
 
 def piecewise(raw: bytes, chunk: int) -> tuple[str, Any]:
-    steps = iter_write_body(raw, chunk_bytes=chunk, **CAPS)
+    steps = iter_write_body(raw, CAPS, chunk_bytes=chunk)
     n = 0
     try:
         while True:
@@ -175,7 +176,7 @@ def piecewise(raw: bytes, chunk: int) -> tuple[str, Any]:
     if body is None:
         return "declined", None
     assert type(body["records"]) is PreparedRecords
-    recs = prepare_records(body["records"], body.get("node"), **CAPS)
+    recs = prepare_records(body["records"], body.get("node"), CAPS)
     rest = {k: v for k, v in body.items() if k != "records"}
     return "ok", (list(recs), rest)
 

@@ -12,7 +12,7 @@ import pytest
 from tests.support.clock import TestClock
 from tests.support.fakedisk import FaultFs
 
-from topics.format.frame import APPEND, Frame, encode_append
+from topics.format.frame import APPEND, Frame, encode_record
 from topics.storage.fs import Data, RealFile, RealFs
 from topics.storage.wal import (
     JOIN_MAX_BYTES,
@@ -53,7 +53,7 @@ class Waiter:
 
 
 def rec(seq: int, size: int = 40) -> bytes:
-    return encode_append(
+    return encode_record(
         7, seq, 1000 + seq, None, None, b'"' + b"x" * size + b'"', None, durable=True
     )
 

@@ -23,7 +23,7 @@ import base64
 import binascii
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 
@@ -45,6 +45,7 @@ from topics.engine.events import (
     SeqsDeleted,
     TopicCreated,
     TopicDeleted,
+    TopicEvent,
     TopicIdsUsed,
     TopicRestored,
 )
@@ -56,6 +57,7 @@ from topics.engine.topic import (
     DedupeEntry,
     NodeInterner,
     PendingWrite,
+    ReadOpts,
     ReadResult,
     Topic,
     Totals,
@@ -163,17 +165,13 @@ class Replay:
     pending: PendingWrite
 
 
-@dataclass(slots=True)
-class DiffParams:
-    """Normalised read parameters (docs/API.md, "8.1 `POST /v0/topics/:topic/diff`")."""
+@dataclass(frozen=True, slots=True)
+class DiffParams(ReadOpts):
+    """Normalised diff parameters (docs/API.md, "8.1 `POST /v0/topics/:topic/diff`"):
+    the read options, the cursor `from_seq` and the long-poll `wait_ms`."""
 
-    from_seq: int
-    limit: int
-    nodes: list[str] | None
-    include_tags: bool
-    include_meta: bool
-    wait_ms: int
-    budget: int
+    from_seq: int = 0
+    wait_ms: int = 0
 
 
 def norm_limit(v: int, max_limit: int = 1000) -> int:
@@ -444,17 +442,7 @@ class Engine:
         """Validate a write body; raises 400s before any topic lookup."""
         if not isinstance(body, dict):
             raise bad_request("write body must be a JSON object")
-        lim = self.limits
-        records = prepare_records(
-            body.get("records"),
-            body.get("node"),
-            max_batch=lim.max_batch_records,
-            max_record_bytes=lim.max_record_bytes,
-            max_meta_bytes=lim.max_meta_bytes,
-            max_meta_keys=lim.max_meta_keys,
-            max_tag_bytes=lim.max_tag_bytes,
-            max_node_bytes=lim.max_node_bytes,
-        )
+        records = prepare_records(body.get("records"), body.get("node"), self.limits)
         key = opt_str(body, "idempotency_key")
         if key is None:
             key = header_key
@@ -740,16 +728,7 @@ class Engine:
         """One diff pass on `name`; `404` when absent."""
         t = self.require(name)
         now = self.prepare_read(t)
-        r = t.read(
-            p.from_seq,
-            p.limit,
-            p.budget,
-            now=now,
-            nodes=p.nodes,
-            include_tags=p.include_tags,
-            include_meta=p.include_meta,
-        )
-        return t, r
+        return t, t.read_opts(p.from_seq, p, now=now)
 
     # ----------------------------------------------------------- record delete
 
@@ -842,7 +821,12 @@ class Engine:
         kinds). Raises KeyError for a type that is not an event; FrameCorrupt or
         OSError when a `match` delete must read tags back from a source.
         """
-        return self._APPLY[type(event)](self, event)
+        kind = type(event)
+        on_live = self._APPLY_LIVE.get(kind)
+        if on_live is None:
+            return self._APPLY[kind](self, event)
+        t = self._by_id.get(cast(TopicEvent, event).topic_id)
+        return 0 if t is None else on_live(self, t, event)
 
     def apply_retention_all(self) -> None:
         """Advance every topic's TTL and cap floors to the clock's now (after a replay)."""
@@ -879,52 +863,68 @@ class Engine:
             self.queues.state(t).restore(ev.queue)
         return 0
 
-    def _apply_deleted(self, ev: TopicDeleted) -> int:
-        t = self._by_id.get(ev.topic_id)
-        if t is not None:
-            self._remove(t)
+    # Events about one live topic instance: `t` is the instance `ev.topic_id` names.
+
+    def _apply_deleted(self, t: Topic, ev: TopicDeleted) -> int:
+        self._remove(t)
         return 0
 
-    def _apply_config(self, ev: ConfigChanged) -> int:
-        t = self._by_id.get(ev.topic_id)
-        if t is not None:
-            t.config = ev.config
+    def _apply_config(self, t: Topic, ev: ConfigChanged) -> int:
+        t.config = ev.config
         return 0
 
-    def _apply_appended(self, ev: RecordsAppended) -> int:
-        t = self._by_id.get(ev.topic_id)
-        if t is None:
-            return 0
+    def _apply_appended(self, t: Topic, ev: RecordsAppended) -> int:
         pw = ev.write
         return t.restore_write(pw.first_seq, pw.ts, pw.records, pw.frames, pw.sizes)
 
-    def _apply_replayed(self, ev: RecordsReplayed) -> int:
-        t = self._by_id.get(ev.topic_id)
-        return 0 if t is None else t.replay_frames(ev.buf, ev.frames)
+    def _apply_replayed(self, t: Topic, ev: RecordsReplayed) -> int:
+        return t.replay_frames(ev.buf, ev.frames)
 
-    def _apply_records_deleted(self, ev: RecordsDeleted) -> int:
-        t = self._by_id.get(ev.topic_id)
-        if t is None:
-            return 0
+    def _apply_records_deleted(self, t: Topic, ev: RecordsDeleted) -> int:
         return self.apply_delete(t, ev.before_seq, ev.predicate, ev.bound)
 
-    def _apply_seqs_deleted(self, ev: SeqsDeleted) -> int:
-        t = self._by_id.get(ev.topic_id)
-        return 0 if t is None else t.delete_seqs(list(ev.seqs))
+    def _apply_seqs_deleted(self, t: Topic, ev: SeqsDeleted) -> int:
+        return t.delete_seqs(list(ev.seqs))
 
-    def _apply_floors(self, ev: FloorsAdvanced) -> int:
-        t = self._by_id.get(ev.topic_id)
-        if t is not None:
-            t.raise_floors(ev.l_cap, ev.l_ttl, ev.l_trim)
+    def _apply_floors(self, t: Topic, ev: FloorsAdvanced) -> int:
+        t.raise_floors(ev.l_cap, ev.l_ttl, ev.l_trim)
         return 0
 
-    def _apply_lease(self, ev: LeaseChanged) -> int:
-        t = self._by_id.get(ev.topic_id)
-        if t is not None and self.queues is not None and t.config.is_queue:
+    def _apply_lease(self, t: Topic, ev: LeaseChanged) -> int:
+        if self.queues is not None and t.config.is_queue:
             self.queues.state(t).replay(
                 ev.kind, ev.seq, ev.node, ev.lease_id, ev.deadline_ms, ev.deliveries
             )
         return 0
+
+    def _apply_head(self, t: Topic, ev: HeadReserved) -> int:
+        if t.config.durability in ("disk", "ephemeral"):
+            t.reserve_head(ev.head_seq, t.last_ts)
+        return 0
+
+    def _apply_lost(self, t: Topic, ev: RecordsLost) -> int:
+        t.mark_lost(ev.first_seq, ev.last_seq, ev.ts)
+        return 0
+
+    def _apply_segments(self, t: Topic, ev: SegmentsAttached) -> int:
+        t.attach_segments(ev.base_seq, ev.rows, dict(ev.sources))
+        return len(ev.rows)
+
+    _APPLY_LIVE: dict[type, Callable[[Engine, Topic, Any], int]] = {
+        TopicDeleted: _apply_deleted,
+        ConfigChanged: _apply_config,
+        RecordsAppended: _apply_appended,
+        RecordsReplayed: _apply_replayed,
+        RecordsDeleted: _apply_records_deleted,
+        SeqsDeleted: _apply_seqs_deleted,
+        FloorsAdvanced: _apply_floors,
+        LeaseChanged: _apply_lease,
+        HeadReserved: _apply_head,
+        RecordsLost: _apply_lost,
+        SegmentsAttached: _apply_segments,
+    }
+
+    # The other events: a topic instance coming into being, routers, topic ids.
 
     def _apply_router_put(self, ev: RouterPut) -> int:
         src = self.topics.get(ev.source)
@@ -944,25 +944,6 @@ class Engine:
             self.routers.forget(ev.name)
         return 0
 
-    def _apply_head(self, ev: HeadReserved) -> int:
-        t = self._by_id.get(ev.topic_id)
-        if t is not None and t.config.durability in ("disk", "ephemeral"):
-            t.reserve_head(ev.head_seq, t.last_ts)
-        return 0
-
-    def _apply_lost(self, ev: RecordsLost) -> int:
-        t = self._by_id.get(ev.topic_id)
-        if t is not None:
-            t.mark_lost(ev.first_seq, ev.last_seq, ev.ts)
-        return 0
-
-    def _apply_segments(self, ev: SegmentsAttached) -> int:
-        t = self._by_id.get(ev.topic_id)
-        if t is None:
-            return 0
-        t.attach_segments(ev.base_seq, ev.rows, dict(ev.sources))
-        return len(ev.rows)
-
     def _apply_ids(self, ev: TopicIdsUsed) -> int:
         self.next_topic_id = max(self.next_topic_id, ev.next_topic_id)
         return 0
@@ -970,19 +951,8 @@ class Engine:
     _APPLY: dict[type, Callable[[Engine, Any], int]] = {
         TopicCreated: _apply_created,
         TopicRestored: _apply_restored,
-        TopicDeleted: _apply_deleted,
-        ConfigChanged: _apply_config,
-        RecordsAppended: _apply_appended,
-        RecordsReplayed: _apply_replayed,
-        RecordsDeleted: _apply_records_deleted,
-        SeqsDeleted: _apply_seqs_deleted,
-        FloorsAdvanced: _apply_floors,
-        LeaseChanged: _apply_lease,
         RouterPut: _apply_router_put,
         RouterDeleted: _apply_router_deleted,
-        HeadReserved: _apply_head,
-        RecordsLost: _apply_lost,
-        SegmentsAttached: _apply_segments,
         TopicIdsUsed: _apply_ids,
     }
 

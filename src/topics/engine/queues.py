@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import heapq
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -717,31 +717,40 @@ class Queues:
 
     # ------------------------------------------------------- ack/nack/extend
 
-    def _matches(self, q: QueueState, seq: int, node: str, fence: int | None) -> Lease | None:
-        ls = q.leases.get(seq)
-        if ls is None or ls.node != node:
-            return None
-        if fence is not None and fence != ls.lease_id:
-            return None
-        return ls
+    def _open_batch(
+        self, name: str, body: Any, op: str
+    ) -> tuple[_Batch, dict[str, Any], Topic, QueueState, int]:
+        """An ack/nack/extend `body` parsed, its queue `name` checked and swept:
+        `(batch, extra, topic, state, now)`."""
+        b, extra = self._parse_batch(body, op)
+        t = self.check_queue(name)
+        q = self.state(t)
+        now = self.engine.clock.now_ms()
+        q.sweep(t, now)
+        return b, extra, t, q, now
+
+    @staticmethod
+    def _held(q: QueueState, b: _Batch, skipped: list[int]) -> Iterator[tuple[int, Lease]]:
+        """`(seq, lease)` of each seq of `b` whose lease `b.node` holds (under its
+        fence, when given), in order; the other seqs go to `skipped`. Lazy: each seq
+        is looked up after the previous one was handled (a repeated seq whose lease
+        the first one dropped is skipped)."""
+        for seq, fence in zip(b.seqs, b.fences, strict=True):
+            ls = q.leases.get(seq)
+            if ls is None or ls.node != b.node or (fence is not None and fence != ls.lease_id):
+                skipped.append(seq)
+                continue
+            yield seq, ls
 
     def ack(self, name: str, body: Any) -> dict[str, Any]:
         """`POST /v0/topics/:q/ack` body without `performance`.
 
         See docs/API.md, "14.3 `POST /v0/topics/:topic/ack`".
         """
-        b, _ = self._parse_batch(body, "ack")
-        t = self.check_queue(name)
-        q = self.state(t)
-        now = self.engine.clock.now_ms()
-        q.sweep(t, now)
+        b, _, t, q, now = self._open_batch(name, body, "ack")
         matched: list[tuple[int, Lease]] = []
         skipped: list[int] = []
-        for seq, fence in zip(b.seqs, b.fences, strict=True):
-            ls = self._matches(q, seq, b.node, fence)
-            if ls is None:
-                skipped.append(seq)
-                continue
+        for seq, ls in self._held(q, b, skipped):
             q.drop_lease(seq)
             matched.append((seq, ls))
         seqs = [s for s, _ in matched]
@@ -779,20 +788,12 @@ class Queues:
 
         See docs/API.md, "14.4 `POST /v0/topics/:topic/nack`".
         """
-        b, extra = self._parse_batch(body, "nack")
+        b, extra, t, q, now = self._open_batch(name, body, "nack")
         delay: int = extra["delay_ms"]
-        t = self.check_queue(name)
-        q = self.state(t)
-        now = self.engine.clock.now_ms()
-        q.sweep(t, now)
         nacked = 0
         skipped: list[int] = []
         ready_at = now + delay if delay else 0
-        for seq, fence in zip(b.seqs, b.fences, strict=True):
-            ls = self._matches(q, seq, b.node, fence)
-            if ls is None:
-                skipped.append(seq)
-                continue
+        for seq, ls in self._held(q, b, skipped):
             q.drop_lease(seq)
             if delay:
                 heapq.heappush(q.delayed, (ready_at, seq))
@@ -817,20 +818,12 @@ class Queues:
 
         See docs/API.md, "14.5 `POST /v0/topics/:topic/extend`".
         """
-        b, extra = self._parse_batch(body, "extend")
+        b, extra, t, q, now = self._open_batch(name, body, "extend")
         lease_ms: int = extra["lease_ms"]
-        t = self.check_queue(name)
-        q = self.state(t)
-        now = self.engine.clock.now_ms()
-        q.sweep(t, now)
         deadline = now + lease_ms
         skipped: list[int] = []
         deadlines: dict[str, int] = {}
-        for seq, fence in zip(b.seqs, b.fences, strict=True):
-            ls = self._matches(q, seq, b.node, fence)
-            if ls is None:
-                skipped.append(seq)
-                continue
+        for seq, ls in self._held(q, b, skipped):
             q.set_deadline(seq, deadline)
             deadlines[str(seq)] = deadline
             d = q.deliveries.get(seq, 0)

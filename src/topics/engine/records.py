@@ -11,20 +11,17 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Generator, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import orjson
 
+from topics.config import Limits
 from topics.errors import TopicsError, bad_request
-
-if TYPE_CHECKING:
-    from topics.config import Limits
 
 __all__ = [
     "NewRecord",
     "Payload",
     "prepare_records",
-    "record_caps",
     "PreparedRecords",
     "iter_write_body",
     "iter_density_check",
@@ -223,62 +220,37 @@ def _batch_too_large(max_batch: int, count: int) -> TopicsError:
     )
 
 
-def record_caps(limits: Limits) -> dict[str, int]:
-    """The server's record caps as the keywords of :func:`prepare_records` and
-    :func:`iter_write_body` (docs/API.md, "16. Limits and the knobs that shape the API")."""
-    return {
-        "max_batch": limits.max_batch_records,
-        "max_record_bytes": limits.max_record_bytes,
-        "max_meta_bytes": limits.max_meta_bytes,
-        "max_meta_keys": limits.max_meta_keys,
-        "max_tag_bytes": limits.max_tag_bytes,
-        "max_node_bytes": limits.max_node_bytes,
-    }
+#: The record caps of a default server (docs/API.md, "16. Limits and the knobs that
+#: shape the API").
+_DEFAULT_LIMITS = Limits()
 
 
 def prepare_records(
-    records: Any,
-    batch_node: Any,
-    *,
-    max_batch: int = 10_000,
-    max_record_bytes: int = 1_048_576,
-    max_meta_bytes: int = 16_384,
-    max_meta_keys: int = 64,
-    max_tag_bytes: int = 256,
-    max_node_bytes: int = 128,
+    records: Any, batch_node: Any, limits: Limits = _DEFAULT_LIMITS
 ) -> list[NewRecord]:
-    """Validate a write's `records` array into :class:`NewRecord` values.
+    """Validate a write's `records` array into :class:`NewRecord` values, under the
+    record caps of `limits` (`max_batch_records`, `max_record_bytes`, `max_meta_bytes`,
+    `max_meta_keys`, `max_tag_bytes`, `max_node_bytes`).
 
     The rules are those of docs/API.md, "7.1 `POST /v0/topics/:topic`".
 
     Raises TopicsError: `400 invalid_request` (missing/empty `records`, missing
-    `data`, bad tag/node/meta), `400 batch_too_large` (> `max_batch` records),
+    `data`, bad tag/node/meta), `400 batch_too_large` (> `max_batch_records`),
     `400 record_too_large` (`data` + `meta` > `max_record_bytes`); a `data` or
     `meta` nested deeper than :data:`MAX_STORED_DEPTH` levels is `400
     invalid_request` too (docs/HTTP_INPUT.md "JSON"). A :class:`PreparedRecords`
     list is returned as it is.
     """
     if type(records) is PreparedRecords:
-        _check_batch_node(batch_node, max_node_bytes)
+        _check_batch_node(batch_node, limits.max_node_bytes)
         return records
     if not isinstance(records, list) or not records:
         raise bad_request("records must be a non-empty array")
-    if len(records) > max_batch:
-        raise _batch_too_large(max_batch, len(records))
-    node = _check_batch_node(batch_node, max_node_bytes)
+    if len(records) > limits.max_batch_records:
+        raise _batch_too_large(limits.max_batch_records, len(records))
+    node = _check_batch_node(batch_node, limits.max_node_bytes)
     out: list[NewRecord] = []
-    _prepare_each(
-        records,
-        node,
-        out,
-        0,
-        None,
-        max_record_bytes=max_record_bytes,
-        max_meta_bytes=max_meta_bytes,
-        max_meta_keys=max_meta_keys,
-        max_tag_bytes=max_tag_bytes,
-        max_node_bytes=max_node_bytes,
-    )
+    _prepare_each(records, node, out, 0, None, limits)
     return out
 
 
@@ -296,12 +268,7 @@ def _prepare_each(
     out: list[NewRecord],
     first: int,
     inherit: list[int] | None,
-    *,
-    max_record_bytes: int,
-    max_meta_bytes: int,
-    max_meta_keys: int,
-    max_tag_bytes: int,
-    max_node_bytes: int,
+    limits: Limits,
 ) -> None:
     """Validate `records` (numbered from `first` in messages) and append them to `out`.
 
@@ -311,6 +278,9 @@ def _prepare_each(
     """
     append = out.append
     dumps = orjson.dumps
+    max_record_bytes, max_node_bytes = limits.max_record_bytes, limits.max_node_bytes
+    max_meta_bytes, max_meta_keys = limits.max_meta_bytes, limits.max_meta_keys
+    max_tag_bytes = limits.max_tag_bytes
     for j, rec in enumerate(records):
         i = first + j
         if type(rec) is not dict:
@@ -435,14 +405,9 @@ def _tail(raw: bytes | bytearray, start: int) -> tuple[int, dict[str, Any]] | No
 
 def iter_write_body(
     raw: bytes | bytearray,
+    limits: Limits = _DEFAULT_LIMITS,
     *,
     chunk_bytes: int = CHUNK_BYTES,
-    max_batch: int = 10_000,
-    max_record_bytes: int = 1_048_576,
-    max_meta_bytes: int = 16_384,
-    max_meta_keys: int = 64,
-    max_tag_bytes: int = 256,
-    max_node_bytes: int = 128,
 ) -> Generator[None, None, dict[str, Any] | None]:
     """Parse a write body a piece of its `records` array at a time.
 
@@ -471,13 +436,7 @@ def iter_write_body(
     stop, tail = found
     if "records" in tail:
         return None  # a later duplicate wins in a whole parse: leave it to that
-    caps = {
-        "max_record_bytes": max_record_bytes,
-        "max_meta_bytes": max_meta_bytes,
-        "max_meta_keys": max_meta_keys,
-        "max_tag_bytes": max_tag_bytes,
-        "max_node_bytes": max_node_bytes,
-    }
+    max_batch = limits.max_batch_records
     out = PreparedRecords()
     inherit: list[int] = []
     count = 0
@@ -515,7 +474,7 @@ def iter_write_body(
         count += len(piece)
         if error is None and count <= max_batch:
             try:
-                _prepare_each(piece, None, out, first, inherit, **caps)
+                _prepare_each(piece, None, out, first, inherit, limits)
             except TopicsError as exc:
                 error = exc  # reported once the whole body is known to be JSON
         del piece
@@ -526,7 +485,7 @@ def iter_write_body(
     body.update(tail)
     if count > max_batch:
         raise _batch_too_large(max_batch, count)
-    batch_node = _check_batch_node(body.get("node"), max_node_bytes)
+    batch_node = _check_batch_node(body.get("node"), limits.max_node_bytes)
     if error is not None:
         raise error
     if batch_node is not None:

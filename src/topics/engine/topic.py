@@ -47,9 +47,20 @@ from topics.format.frame import (
 )
 from topics.format.idx import DELETED, F_HAS_META, F_HAS_NODE, F_HAS_TAG, F_RECORD_MASK
 
-__all__ = ["Topic", "Totals", "NodeInterner", "PendingWrite", "ReadResult", "Tombstone"]
+__all__ = [
+    "Topic",
+    "Totals",
+    "NodeInterner",
+    "PendingWrite",
+    "ReadOpts",
+    "ReadResult",
+    "Tombstone",
+    "WATCH_DEFAULT_BUDGET",
+]
 
 READ_CHUNK = 2048
+#: Payload bytes a watch pass delivers when the request names no `max_batch_bytes`.
+WATCH_DEFAULT_BUDGET = 262_144
 #: Source ids at or above this are in-memory chunks; below, segments.
 CHUNK_BASE = 0x80000000
 _CHUNK_LAST = 0xFFFFFF00
@@ -121,6 +132,20 @@ class Tombstone:
         d["earliest_seq"] = self.earliest_seq
         d["head_seq"] = self.head_seq
         return d
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOpts:
+    """Normalised read options of :meth:`Topic.read_opts`: the node filter, at most
+    `limit` records and about `budget` payload bytes a pass, and what a record
+    carries. The defaults are a watch session's."""
+
+    nodes: list[str] | None = None
+    limit: int = 256
+    budget: int = WATCH_DEFAULT_BUDGET
+    include_meta: bool = True
+    include_tags: bool = False
+    include_data: bool = True
 
 
 @dataclass(slots=True)
@@ -828,6 +853,23 @@ class Topic:
         nodes = w["node"]
         for p, buf, o, ln, hdr in self._frames([pos + int(u) for u in unknown]):
             nodes[p - pos] = intern(frame_fields(buf, o, ln, hdr)[0])
+
+    def read_opts(
+        self, from_seq: int, opts: ReadOpts, *, now: int, limit: int | None = None, used: int = 0
+    ) -> ReadResult:
+        """:meth:`read` from `from_seq` with the options `opts` (`limit`, when given,
+        in place of `opts.limit`)."""
+        return self.read(
+            from_seq,
+            opts.limit if limit is None else limit,
+            opts.budget,
+            now=now,
+            nodes=opts.nodes,
+            include_tags=opts.include_tags,
+            include_meta=opts.include_meta,
+            include_data=opts.include_data,
+            used=used,
+        )
 
     def read(
         self,

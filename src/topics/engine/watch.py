@@ -37,7 +37,7 @@ import orjson
 
 from topics.engine.core import Engine, norm_budget, norm_limit
 from topics.engine.params import boolean, node_set, opt_str, opt_u64, u32, u64
-from topics.engine.topic import ReadResult, Topic
+from topics.engine.topic import WATCH_DEFAULT_BUDGET, ReadOpts, ReadResult, Topic
 from topics.errors import TopicsError, bad_request, not_found_topic, throttled
 
 __all__ = [
@@ -67,7 +67,6 @@ __all__ = [
 ]
 
 SESSION_TTL_MS = 300_000
-WATCH_DEFAULT_BUDGET = 262_144
 HEARTBEAT_DEFAULT_MS = 15_000
 HEARTBEAT_MIN_MS = 1_000
 HEARTBEAT_MAX_MS = 60_000
@@ -90,18 +89,6 @@ SHUTDOWN_DATA = b'{"code":"server_shutting_down","message":"server is shutting d
 
 
 # --------------------------------------------------------------------- delivery
-
-
-@dataclass(frozen=True, slots=True)
-class ReadOpts:
-    """Normalised read options shared by every topic of a session / subscription."""
-
-    nodes: list[str] | None = None
-    limit: int = 256
-    budget: int = WATCH_DEFAULT_BUDGET
-    include_meta: bool = True
-    include_tags: bool = False
-    include_data: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -366,16 +353,7 @@ def _read(memo: _TopicMemo, t: Topic, cursor: int, opts: ReadOpts, now: int) -> 
         for sh in memo.reads:
             if sh.cursor == cursor and (sh.opts is opts or sh.opts == opts):
                 return sh
-    r = t.read(
-        cursor,
-        opts.limit,
-        opts.budget,
-        now=now,
-        nodes=opts.nodes,
-        include_tags=opts.include_tags,
-        include_meta=opts.include_meta,
-        include_data=opts.include_data,
-    )
+    r = t.read_opts(cursor, opts, now=now)
     rec: Event | None = None
     recs = r.records
     if recs:

@@ -117,7 +117,7 @@ __all__ = [
     "End",
     "ScanResult",
     "encode_frame",
-    "encode_append",
+    "encode_record",
     "encode_appends",
     "encode_batch",
     "BatchLayout",
@@ -129,7 +129,6 @@ __all__ = [
     "iter_frames",
     "scan",
     "wal_to_segment",
-    "encode_segment_record",
     "decode_segment_frame",
     "iter_segment_frames",
     "scan_segment",
@@ -462,10 +461,10 @@ def encode_frame(
     if type == APPEND and flags & F_HAS_META:
         if len(payload) < 4 or _U32.unpack_from(payload)[0] > len(payload) - 4:
             raise FrameError("has_meta payload does not start with a fitting meta_len")
-    return _frame(False, type, flags, topic_id, seq, ts, node, tag, bytes(payload), None)
+    return _frame(False, type, flags, topic_id, seq, ts, node, tag, (bytes(payload),))
 
 
-def encode_append(
+def encode_record(
     topic_id: int,
     seq: int,
     ts: int,
@@ -475,14 +474,24 @@ def encode_append(
     meta: bytes | None,
     *,
     durable: bool,
+    segment: bool = False,
 ) -> bytes:
-    """One Append frame for a record (`data`/`meta` are compact JSON bytes).
+    """One record frame (`data`/`meta` are compact JSON bytes): a WAL Append frame,
+    or with `segment` its segment `.data` frame, equal to
+    `wal_to_segment(encode_record(...))`.
 
     `ts` is ms. The payload is `data`, or `meta_len u32 | meta | data` when
     `meta` is not None. Raises FrameError as :func:`encode_frame`.
     """
+    flags = F_DURABLE if durable else 0
+    if meta is None:
+        return _frame(segment, APPEND, flags, topic_id, seq, ts, node, tag, (data,))
+    try:
+        meta_len = _U32.pack(len(meta))
+    except struct.error as e:
+        raise FrameError(f"frame field out of range: {e}") from None
     return _frame(
-        False, APPEND, F_DURABLE if durable else 0, topic_id, seq, ts, node, tag, data, meta
+        segment, APPEND, flags | F_HAS_META, topic_id, seq, ts, node, tag, (meta_len, meta, data)
     )
 
 
@@ -495,13 +504,12 @@ def _frame(
     ts: int,
     node: str | None,
     tag: str | None,
-    data: bytes,
-    meta: bytes | None,
+    payload: tuple[bytes, ...],
 ) -> bytes:
-    """A WAL frame of `type` whose payload is `data` (after `meta_len u32 | meta` when
-    `meta` is not None), or (`seg`) a record's segment frame (which has no type byte).
+    """A WAL frame of `type` whose payload is the concatenation of `payload`, or
+    (`seg`) a record's segment frame (which has no type byte).
 
-    The has_node/has_tag/has_meta flags are added to `flags` from what is given.
+    The has_node/has_tag flags are added to `flags` from what is given.
     """
     if node is not None:
         flags |= F_HAS_NODE
@@ -509,14 +517,8 @@ def _frame(
         flags |= F_HAS_TAG
     nb, tb = _text(node, "node"), _text(tag, "tag")
     nl, tl = len(nb), len(tb)
+    dl = sum(map(len, payload))
     try:
-        if meta is None:
-            payload: tuple[bytes, ...] = (data,)
-            dl = len(data)
-        else:
-            flags |= F_HAS_META
-            payload = (_U32.pack(len(meta)), meta, data)
-            dl = 4 + len(meta) + len(data)
         if seg:
             head = SEG_HEADER.pack(
                 _SEG_FIXED + nl + tl + dl + _CRC, flags, topic_id, seq, ts, nl, tl, dl
@@ -536,7 +538,7 @@ def encode_appends(
 ) -> bytes:
     """Append frames for a batch, seqs `first_seq, first_seq + 1, ...`, all at `ts` (ms).
 
-    Byte-identical to concatenating :func:`encode_append` per record. Raises
+    Byte-identical to concatenating :func:`encode_record` per record. Raises
     FrameError as :func:`encode_frame` (nothing is returned for a partial batch).
     """
     return encode_batch(topic_id, first_seq, ts, records, durable)[0]
@@ -793,7 +795,7 @@ def encode_control(
     except Exception as e:  # TypeError/ValueError/OverflowError from the packer
         raise FrameError(f"control body cannot be packed: {e}") from None
     return _frame(
-        False, type, F_DURABLE if durable else 0, topic_id, seq, ts, None, None, payload, None
+        False, type, F_DURABLE if durable else 0, topic_id, seq, ts, None, None, (payload,)
     )
 
 
@@ -1165,26 +1167,6 @@ def wal_to_segment(wal_frame_bytes: Buf) -> bytes:
     crc_off = r.size - _CRC
     body = b"".join((_U32.pack(r.size - 5), mv[5:crc_off]))
     return body + CHECKSUM.pack(checksum(memoryview(body)[4:]))
-
-
-def encode_segment_record(
-    topic_id: int,
-    seq: int,
-    ts: int,
-    node: str | None,
-    tag: str | None,
-    data: bytes,
-    meta: bytes | None,
-    *,
-    durable: bool,
-) -> bytes:
-    """One segment `.data` frame for a record; equals `wal_to_segment(encode_append(...))`.
-
-    Raises FrameError as :func:`encode_append`.
-    """
-    return _frame(
-        True, APPEND, F_DURABLE if durable else 0, topic_id, seq, ts, node, tag, data, meta
-    )
 
 
 assert HEADER.size == WAL_HDR and SEG_HEADER.size == SEG_HDR

@@ -32,13 +32,7 @@ from topics.clock import Clock
 from topics.config import SCOPE_ADMIN, SCOPE_DELETE, SCOPE_READ, SCOPE_WRITE, ServerConfig
 from topics.engine.core import Engine
 from topics.engine.frames import FrameCorrupt
-from topics.engine.records import (
-    INCREMENTAL_MIN_BYTES,
-    iter_density_check,
-    iter_write_body,
-    loads,
-    record_caps,
-)
+from topics.engine.records import INCREMENTAL_MIN_BYTES, iter_density_check, iter_write_body, loads
 from topics.errors import TopicsError, bad_request, throttled
 from topics.http.responses import Resp, error_resp
 from topics.node import Node
@@ -518,7 +512,7 @@ class TopicsApp:
 
     async def _parse_write_body(self, raw: bytes | bytearray) -> dict[str, Any] | None:
         """Run :func:`iter_write_body`, letting the loop run between pieces."""
-        steps = iter_write_body(raw, **record_caps(self.engine.limits))
+        steps = iter_write_body(raw, self.engine.limits)
         body: dict[str, Any] | None = await drive(steps)
         return body
 

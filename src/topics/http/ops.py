@@ -15,6 +15,7 @@ from __future__ import annotations
 import posixpath
 import time
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any
 
 import orjson
@@ -122,6 +123,57 @@ def _gather(app: TopicsApp, principal: Principal | None = None) -> dict[str, Any
     }
 
 
+#: The instance figures after the per-class topic counts, in the order both forms of
+#: `/v0/metrics` list them: (key in :func:`_gather` and in the JSON form, Prometheus
+#: series, type, help).
+_FIGURES = (
+    ("routers", "topics_routers", "gauge", "Configured routers."),
+    ("records_live", "topics_records_live", "gauge", "Live records across topics."),
+    ("bytes_live", "topics_bytes_live", "gauge", "Live payload bytes across topics."),
+    ("queue_topics", "topics_queue_topics", "gauge", "Topics of type queue."),
+    ("queue_leases_in_flight", "topics_queue_leases_in_flight", "gauge", "Active queue leases."),
+    ("sse_connections", "topics_sse_connections", "gauge", "Open SSE and WebSocket connections."),
+    ("watch_sessions", "topics_watch_sessions", "gauge", "Watch sessions in memory."),
+    ("ready", "topics_ready", "gauge", "1 once recovery has finished."),
+    ("replay_progress", "topics_recovery_progress", "gauge", "Recovery progress from 0 to 1."),
+    ("uptime_ms", "topics_uptime_ms", "counter", "Milliseconds since start."),
+)
+
+#: The storage series of an unscoped Prometheus scrape: (key in :func:`storage_stats`,
+#: series, type, help); a key the stats lack (in memory mode) is left out.
+_STORAGE_SERIES = (
+    ("index_bytes", "topics_index_bytes", "gauge", "Bytes of the per-topic slot indexes."),
+    (
+        "chunk_bytes",
+        "topics_chunk_bytes",
+        "gauge",
+        "Record bytes held in memory until checkpointed.",
+    ),
+    ("segments", "topics_segments", "gauge", "Segment files (pairs) on disk."),
+    ("checkpoints", "topics_checkpoints_total", "counter", "Completed checkpoint cycles."),
+    (
+        "checkpoint_failures",
+        "topics_checkpoint_failures_total",
+        "counter",
+        "Failed checkpoint cycles.",
+    ),
+)
+
+#: The per-topic gauges: (series, help, the figure of a topic).
+_TOPIC_SERIES: tuple[tuple[str, str, Callable[[Topic], int]], ...] = (
+    ("topics_topic_head_seq", "Highest published seq.", attrgetter("head_seq")),
+    ("topics_topic_earliest_seq", "First live seq.", attrgetter("earliest_seq")),
+    ("topics_topic_records_live", "Live records.", attrgetter("live_count")),
+    ("topics_topic_bytes_live", "Live payload bytes.", attrgetter("live_bytes")),
+)
+
+#: The per-queue gauges: (key in the queue's counters, series, help).
+_QUEUE_SERIES = (
+    ("ready", "topics_topic_queue_ready", "Claimable jobs."),
+    ("in_flight", "topics_topic_queue_in_flight", "Leased jobs."),
+)
+
+
 def metrics_json(app: TopicsApp, principal: Principal | None = None) -> dict[str, Any]:
     """The JSON form of `/v0/metrics`, scoped for a prefix-restricted key.
 
@@ -135,18 +187,7 @@ def metrics_json(app: TopicsApp, principal: Principal | None = None) -> dict[str
     out: dict[str, Any] = {"topics": g["topics"]}
     for c in CLASSES:
         out[f"topics_{c}"] = g["by_class"][c]
-    for k in (
-        "routers",
-        "records_live",
-        "bytes_live",
-        "queue_topics",
-        "queue_leases_in_flight",
-        "sse_connections",
-        "watch_sessions",
-        "ready",
-        "replay_progress",
-        "uptime_ms",
-    ):
+    for k, *_ in _FIGURES:
         out[k] = g[k]
     if g["scoped"]:
         return out
@@ -192,78 +233,19 @@ def render_prometheus(app: TopicsApp, principal: Principal | None = None) -> byt
         "Topics per durability class.",
         [(f'{{class="{c}"}}', g["by_class"][c]) for c in CLASSES],
     )
-    metric("topics_routers", "gauge", "Configured routers.", [("", g["routers"])])
-    metric("topics_records_live", "gauge", "Live records across topics.", [("", g["records_live"])])
-    metric(
-        "topics_bytes_live", "gauge", "Live payload bytes across topics.", [("", g["bytes_live"])]
-    )
-    metric("topics_queue_topics", "gauge", "Topics of type queue.", [("", g["queue_topics"])])
-    metric(
-        "topics_queue_leases_in_flight",
-        "gauge",
-        "Active queue leases.",
-        [("", g["queue_leases_in_flight"])],
-    )
-    metric(
-        "topics_sse_connections",
-        "gauge",
-        "Open SSE and WebSocket connections.",
-        [("", g["sse_connections"])],
-    )
-    metric(
-        "topics_watch_sessions", "gauge", "Watch sessions in memory.", [("", g["watch_sessions"])]
-    )
-    metric("topics_ready", "gauge", "1 once recovery has finished.", [("", int(g["ready"]))])
-    metric(
-        "topics_recovery_progress",
-        "gauge",
-        "Recovery progress from 0 to 1.",
-        [("", g["replay_progress"])],
-    )
-    metric("topics_uptime_ms", "counter", "Milliseconds since start.", [("", g["uptime_ms"])])
+    for key, name, typ, help_ in _FIGURES:
+        metric(name, typ, help_, [("", g[key])])
 
     eng = app.engine
     visible: list[Topic] = sorted(g["topic_list"], key=lambda t: t.name)
     truncated = len(visible) > PER_TOPIC_CAP
     topics = [(f'{{topic="{_esc(t.name)}"}}', t) for t in visible[:PER_TOPIC_CAP]]
-    metric(
-        "topics_topic_head_seq",
-        "gauge",
-        "Highest published seq.",
-        [(lb, t.head_seq) for lb, t in topics],
-    )
-    metric(
-        "topics_topic_earliest_seq",
-        "gauge",
-        "First live seq.",
-        [(lb, t.earliest_seq) for lb, t in topics],
-    )
-    metric(
-        "topics_topic_records_live",
-        "gauge",
-        "Live records.",
-        [(lb, t.live_count) for lb, t in topics],
-    )
-    metric(
-        "topics_topic_bytes_live",
-        "gauge",
-        "Live payload bytes.",
-        [(lb, t.live_bytes) for lb, t in topics],
-    )
+    for name, help_, figure in _TOPIC_SERIES:
+        metric(name, "gauge", help_, [(lb, figure(t)) for lb, t in topics])
     now = eng.clock.now_ms()
-    qs = [(lb, t, t.queue.counters(t, now)) for lb, t in topics if t.queue is not None]
-    metric(
-        "topics_topic_queue_ready",
-        "gauge",
-        "Claimable jobs.",
-        [(lb, c["ready"]) for lb, _, c in qs],
-    )
-    metric(
-        "topics_topic_queue_in_flight",
-        "gauge",
-        "Leased jobs.",
-        [(lb, c["in_flight"]) for lb, _, c in qs],
-    )
+    qs = [(lb, t.queue.counters(t, now)) for lb, t in topics if t.queue is not None]
+    for key, name, help_ in _QUEUE_SERIES:
+        metric(name, "gauge", help_, [(lb, c[key]) for lb, c in qs])
     metric(
         "topics_topic_metrics_truncated",
         "gauge",
@@ -274,35 +256,9 @@ def render_prometheus(app: TopicsApp, principal: Principal | None = None) -> byt
         return ("\n".join(lines) + "\n").encode()
     lines.extend(app.node.wal_prometheus_lines())
     st = storage_stats(app)
-    if st:
-        metric(
-            "topics_index_bytes",
-            "gauge",
-            "Bytes of the per-topic slot indexes.",
-            [("", st["index_bytes"])],
-        )
-        metric(
-            "topics_chunk_bytes",
-            "gauge",
-            "Record bytes held in memory until checkpointed.",
-            [("", st["chunk_bytes"])],
-        )
-        if "segments" in st:
-            metric(
-                "topics_segments", "gauge", "Segment files (pairs) on disk.", [("", st["segments"])]
-            )
-            metric(
-                "topics_checkpoints_total",
-                "counter",
-                "Completed checkpoint cycles.",
-                [("", st["checkpoints"])],
-            )
-            metric(
-                "topics_checkpoint_failures_total",
-                "counter",
-                "Failed checkpoint cycles.",
-                [("", st["checkpoint_failures"])],
-            )
+    for key, name, typ, help_ in _STORAGE_SERIES:
+        if key in st:
+            metric(name, typ, help_, [("", st[key])])
     return ("\n".join(lines) + "\n").encode()
 
 

@@ -332,15 +332,9 @@ class Http1Protocol(HttpToolsProtocol):
 
     PREFIX_BYTES = 64  # how much of a request's first line is kept to explain a refusal
 
-    def __init__(
-        self,
-        config: uvicorn.Config,
-        server_state: ServerState,
-        app_state: dict[str, Any],
-        _loop: asyncio.AbstractEventLoop | None = None,
-    ) -> None:
-        super().__init__(config, server_state, app_state, _loop)
-        self.guards = _guards(config)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.guards = _guards(self.config)
         self.deadline: float | None = None
         self.refusal: TopicsError | None = None
         self.head_timer: asyncio.TimerHandle | None = None

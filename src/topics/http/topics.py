@@ -196,14 +196,11 @@ async def read_diff(eng: Engine, name: str, p: DiffParams) -> tuple[Topic, ReadR
         now = eng.prepare_read(t)
         more = await read_pool.run(
             partial(
-                t.read,
+                t.read_opts,
                 r.next_from_seq,
-                min(p.limit - len(records), DIFF_SLICE),
-                p.budget,
+                p,
                 now=now,
-                nodes=p.nodes,
-                include_tags=p.include_tags,
-                include_meta=p.include_meta,
+                limit=min(p.limit - len(records), DIFF_SLICE),
                 used=r.used,
             ),
             ahead,

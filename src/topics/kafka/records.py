@@ -152,6 +152,24 @@ _loads = orjson.loads
 _JSONError = orjson.JSONDecodeError
 
 
+def _json_data(value: bytes) -> bytes | None:
+    """`value` as a record's `data` when it is JSON (module docstring rules): itself
+    when it is compact JSON already, a compact copy when it is an object or array
+    written otherwise; None when it is not JSON or a scalar written otherwise."""
+    try:
+        obj = _loads(value)
+    except _JSONError:
+        return None
+    canon = _dumps(obj)
+    if canon == value:
+        # Keep the producer's exact-size bytes: orjson's output buffer is
+        # over-allocated (KiBs) and a batch holds thousands.
+        return value
+    if type(obj) is dict or type(obj) is list:
+        return bytes(memoryview(canon))
+    return None
+
+
 def to_new_record(
     key: bytes | None,
     value: bytes | None,
@@ -171,24 +189,15 @@ def to_new_record(
     if value is None:
         data = b"null"
         mark = {"value": "null"}
+    elif (json_data := _json_data(value)) is not None:
+        data = json_data
     else:
-        data = b""
         try:
-            obj = _loads(value)
-            canon = _dumps(obj)
-            if canon == value:
-                data = value
-            elif type(obj) is dict or type(obj) is list:
-                data = bytes(memoryview(canon))
-        except _JSONError:
-            pass
-        if not data:
-            try:
-                data = bytes(memoryview(_dumps(value.decode("utf-8"))))
-                mark = {"value": "text"}
-            except UnicodeDecodeError:
-                data = bytes(memoryview(_dumps(_b64(value))))
-                mark = {"value": "base64"}
+            data = bytes(memoryview(_dumps(value.decode("utf-8"))))
+            mark = {"value": "text"}
+        except UnicodeDecodeError:
+            data = bytes(memoryview(_dumps(_b64(value))))
+            mark = {"value": "base64"}
     # key -> tag
     tag: str | None = None
     if key is not None:
@@ -255,35 +264,26 @@ def to_new_records(
     """
     out: list[NewRecord] = []
     add = out.append
-    loads, dumps, JSONError = _loads, _dumps, _JSONError
+    json_data = _json_data
     new = tuple.__new__
     for r in records:
         value = r.value
         key = r.key
         if value is not None and not r.headers:
-            try:
-                obj = loads(value)
-                canon = dumps(obj)
-                if canon == value:
-                    # Keep the producer's exact-size bytes: orjson's output buffer
-                    # is over-allocated (KiBs) and a batch holds thousands.
-                    canon = value
-                elif type(obj) is dict or type(obj) is list:
-                    canon = bytes(memoryview(canon))
-                else:
-                    raise ValueError
-                tag = None
-                if key is not None:
-                    if not key or len(key) > max_tag_bytes:
-                        raise ValueError
-                    tag = key.decode("utf-8")
-                n = len(canon)
-                if n > max_record_bytes:
-                    raise ValueError
-                add(new(NewRecord, (canon, None, None, tag, n, 0)))
-                continue
-            except (JSONError, ValueError):  # UnicodeDecodeError is a ValueError
-                pass
+            data = json_data(value)
+            if data is not None:
+                try:
+                    tag = None
+                    if key is not None:
+                        if not key or len(key) > max_tag_bytes:
+                            raise ValueError
+                        tag = key.decode("utf-8")
+                    n = len(data)
+                    if n <= max_record_bytes:
+                        add(new(NewRecord, (data, None, None, tag, n, 0)))
+                        continue
+                except ValueError:  # UnicodeDecodeError is a ValueError
+                    pass
         add(
             to_new_record(
                 key,

@@ -143,23 +143,10 @@ class ReadOnlyFs:
     def replace(self, src: str, dst: str) -> None:
         raise _refuse(src)
 
-    def unlink(self, path: str) -> None:
+    def _change(self, path: str) -> None:
         raise _refuse(path)
 
-    def rmdir(self, path: str) -> None:
-        raise _refuse(path)
-
-    def rmtree(self, path: str) -> None:
-        raise _refuse(path)
-
-    def mkdir(self, path: str) -> None:
-        raise _refuse(path)
-
-    def makedirs(self, path: str) -> None:
-        raise _refuse(path)
-
-    def fsync_dir(self, path: str) -> None:
-        raise _refuse(path)
+    unlink = rmdir = rmtree = mkdir = makedirs = fsync_dir = _change
 
     def listdir(self, path: str) -> list[str]:
         return [n for n in self.inner.listdir(path) if not n.endswith(".tmp")]

@@ -51,7 +51,7 @@ import numpy as np
 from topics.engine.index import LOC_HOLE, SlotArray
 from topics.engine.topic import CHUNK_BASE, Topic
 from topics.errors import TopicsError
-from topics.format.frame import FrameBuf, encode_segment_record
+from topics.format.frame import FrameBuf, encode_record
 from topics.storage.fs import Fs
 from topics.storage.meta import capture_meta
 from topics.storage.segment import SegmentWriter, segment_blob, segment_paths
@@ -769,8 +769,16 @@ class Checkpointer:
                 # Holes (and records deleted before the marks): header-only frames.
                 for k in range(lo, hi):
                     blobs.append(
-                        encode_segment_record(
-                            tid, p.first + k, int(r_ts[k]), None, None, b"", None, durable=False
+                        encode_record(
+                            tid,
+                            p.first + k,
+                            int(r_ts[k]),
+                            None,
+                            None,
+                            b"",
+                            None,
+                            durable=False,
+                            segment=True,
                         )
                     )
                 flens.append(np.full(hi - lo, _HOLE_FRAME, np.uint32))

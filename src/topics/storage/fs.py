@@ -185,3 +185,11 @@ def read_file(fs: Fs, path: str) -> bytes:
         return f.pread(f.size(), 0)
     finally:
         f.close()
+
+
+def list_names(fs: Fs, path: str) -> list[str]:
+    """The names in directory `path` (unsorted), none when it does not exist. Raises OSError."""
+    try:
+        return fs.listdir(path)
+    except FileNotFoundError:
+        return []

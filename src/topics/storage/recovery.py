@@ -67,7 +67,7 @@ from topics.format.frame import (
 )
 from topics.storage.checkpoint import expand_ranges
 from topics.storage.eventcodec import decode_control, router_from_body
-from topics.storage.fs import Fs, read_file, write_file
+from topics.storage.fs import Fs, list_names, read_file, write_file
 from topics.storage.journal import shard_dirs, shard_of
 from topics.storage.meta import router_states, topic_restored
 from topics.storage.segment import scan_segments, segment_paths, topic_dir
@@ -89,7 +89,7 @@ from topics.storage.wal import (
     scan_shard,
 )
 
-__all__ = ["recover", "recover_async", "RecoveryReport", "load_data_dir", "replay"]
+__all__ = ["recover_async", "RecoveryReport", "load_data_dir", "replay"]
 
 log = logging.getLogger("topics.recovery")
 
@@ -130,10 +130,7 @@ class Loaded:
 
 def existing_shard_dirs(fs: Fs, data_dir: str) -> list[str]:
     root = posixpath.join(data_dir, "wal")
-    try:
-        names = fs.listdir(root)
-    except FileNotFoundError:
-        return []
+    names = list_names(fs, root)
     out = []
     if any(n.startswith("wal-") and n.endswith(".log") for n in names):
         out.append(root)
@@ -143,10 +140,7 @@ def existing_shard_dirs(fs: Fs, data_dir: str) -> list[str]:
 
 def topic_ids(fs: Fs, data_dir: str) -> list[int]:
     root = posixpath.join(data_dir, "topics")
-    try:
-        names = fs.listdir(root)
-    except FileNotFoundError:
-        return []
+    names = list_names(fs, root)
     out = []
     for n in names:
         if len(n) == 16:
@@ -387,30 +381,6 @@ def lost_ranges(
     return out
 
 
-def recover(
-    engine: Engine,
-    fs: Fs,
-    data_dir: str,
-    n_shards: int,
-    *,
-    progress: Callable[[float], None] | None = None,
-    cold_dir: str | None = None,
-    **shard_kw: Any,
-) -> tuple[list[WalShard], RecoveryReport]:
-    """Rebuild `engine` (fresh, in-memory journal) from `data_dir`; return the open shards.
-
-    Raises OSError when a shard or segment cannot be read or repaired.
-    `progress(fraction)` is called as frames are applied.
-    """
-    t0 = engine.clock.monotonic()
-    loaded = load_data_dir(fs, data_dir, n_shards, cold_dir, **shard_kw)
-    report = RecoveryReport()
-    for _ in replay(engine, loaded, report, progress=progress):
-        pass
-    report.seconds = engine.clock.monotonic() - t0
-    return loaded.shards, report
-
-
 async def recover_async(
     engine: Engine,
     fs: Fs,
@@ -421,10 +391,13 @@ async def recover_async(
     cold_dir: str | None = None,
     **shard_kw: Any,
 ) -> tuple[list[WalShard], RecoveryReport]:
-    """:func:`recover` that keeps the event loop responsive.
+    """Rebuild `engine` (fresh, in-memory journal) from `data_dir`; return the open
+    shards, keeping the event loop responsive.
 
     Files are read in a worker thread; replay runs on the loop in slices so
-    `/v0/ready` can answer 503 with progress meanwhile.
+    `/v0/ready` can answer 503 with progress meanwhile. Raises OSError when a
+    shard or segment cannot be read or repaired. `progress(fraction)` is called
+    as frames are applied.
     """
     t0 = engine.clock.monotonic()
     loaded = await asyncio.to_thread(load_data_dir, fs, data_dir, n_shards, cold_dir, **shard_kw)

@@ -37,7 +37,7 @@ from topics.format.snapshot import (
     decode_snapshot,
     encode_snapshot,
 )
-from topics.storage.fs import Fs, write_all
+from topics.storage.fs import Fs, read_file, write_file
 
 __all__ = [
     "MAGIC",
@@ -88,14 +88,6 @@ def next_snapshot_number(fs: Fs, meta_dir: str) -> int:
     return snaps[-1][0] + 1 if snaps else 1
 
 
-def _read(fs: Fs, path: str) -> bytes:
-    f = fs.open(path)
-    try:
-        return f.pread(f.size(), 0)
-    finally:
-        f.close()
-
-
 def _fsync_parent(fs: Fs, path: str) -> None:
     fs.fsync_dir(os.path.dirname(path.rstrip("/")) or ".")
 
@@ -122,13 +114,7 @@ def write_snapshot(fs: Fs, meta_dir: str, n: int, body: dict[Any, Any]) -> str:
     final = os.path.join(meta_dir, snapshot_name(n))
     tmp = final + ".tmp"
     try:
-        f = fs.open(tmp, create=True, write=True)
-        try:
-            f.truncate(0)
-            write_all(f, payload, 0)
-            f.fdatasync()
-        finally:
-            f.close()
+        write_file(fs, tmp, payload)
         fs.replace(tmp, final)
     except BaseException:
         try:
@@ -146,14 +132,14 @@ def write_snapshot(fs: Fs, meta_dir: str, n: int, body: dict[Any, Any]) -> str:
 
 
 def _prune(fs: Fs, meta_dir: str, n: int, final: str) -> None:
-    if isinstance(decode_snapshot(_read(fs, final)), SnapshotInvalid):
+    if isinstance(decode_snapshot(read_file(fs, final)), SnapshotInvalid):
         log.error("snapshot %s does not read back valid; nothing pruned", final)
         return
     older = [(m, p) for m, p in list_snapshots(fs, meta_dir) if m < n]
     kept = False
     removed = False
     for _m, path in reversed(older):
-        if not kept and not isinstance(decode_snapshot(_read(fs, path)), SnapshotInvalid):
+        if not kept and not isinstance(decode_snapshot(read_file(fs, path)), SnapshotInvalid):
             kept = True
             continue
         fs.unlink(path)
@@ -191,7 +177,7 @@ def load_valid(fs: Fs, meta_dir: str) -> list[tuple[int, dict[Any, Any]]]:
     _cleanup_tmp(fs, meta_dir)
     out: list[tuple[int, dict[Any, Any]]] = []
     for n, path in reversed(list_snapshots(fs, meta_dir)):
-        result = decode_snapshot(_read(fs, path))
+        result = decode_snapshot(read_file(fs, path))
         if isinstance(result, SnapshotInvalid):
             log.warning("skipping invalid snapshot %s: %s", path, result.reason)
             continue
@@ -214,7 +200,7 @@ def load_latest(fs: Fs, meta_dir: str) -> tuple[int, dict[Any, Any]] | None:
         return None
     _cleanup_tmp(fs, meta_dir)
     for n, path in reversed(list_snapshots(fs, meta_dir)):
-        result = decode_snapshot(_read(fs, path))
+        result = decode_snapshot(read_file(fs, path))
         if isinstance(result, SnapshotInvalid):
             log.warning("skipping invalid snapshot %s: %s", path, result.reason)
             continue

@@ -52,7 +52,7 @@ from topics.format.idx import (
     IDX_ENTRY_DTYPE,
     IDX_FLAGS_OFFSET,
 )
-from topics.storage.fs import File, Fs, write_all
+from topics.storage.fs import File, Fs, read_file, write_all
 from topics.storage.segment import (
     IDX_ENTRY_SIZE,
     SegmentWriter,
@@ -373,14 +373,6 @@ class LoadedTopic:
         return self.base_seq + len(self.rows) - 1
 
 
-def _read_all(fs: Fs, path: str) -> bytes:
-    f = fs.open(path)
-    try:
-        return f.pread(f.size(), 0)
-    finally:
-        f.close()
-
-
 def _file_size(fs: Fs, path: str) -> int:
     f = fs.open(path)
     try:
@@ -519,7 +511,7 @@ def check_published(
             continue  # written by a checkpoint that never published its snapshot
         has_idx = path.endswith(".idx")
         if has_idx:
-            raw = _read_all(fs, path)
+            raw = read_file(fs, path)
             e = np.frombuffer(raw[: len(raw) - len(raw) % IDX_ENTRY_SIZE], IDX_ENTRY_DTYPE)
             if until(first, len(e)) <= floor or (len(e) and bool(np.all(e["flags"] == DELETED))):
                 continue  # what a drop (below the floor, or fully deleted) leaves behind
@@ -539,7 +531,7 @@ def check_published(
         paths = segment_paths(d, first)
         idx_size = _file_size(fs, paths.idx)
         data_size = _file_size(fs, paths.data)
-        raw = _read_all(fs, paths.idx)
+        raw = read_file(fs, paths.idx)
         newest = i == len(listed) - 1
         if newest:
             need = ckpt - first + 1
@@ -665,7 +657,7 @@ def load_topic(
                 writer.release()
             data_size = writer.data_bytes
         else:
-            raw = _read_all(fs, paths.idx)
+            raw = read_file(fs, paths.idx)
             raw = raw[: len(raw) - len(raw) % IDX_ENTRY_SIZE]
             data_size = _file_size(fs, paths.data)
         entries = np.frombuffer(raw, IDX_ENTRY_DTYPE)
@@ -679,7 +671,7 @@ def load_topic(
             continue
         fl = entries["flags"]
         needs_data = bool(np.any((fl != DELETED) & ((fl & (F_HAS_NODE | F_HAS_TAG)) != 0)))
-        data = _read_all(fs, paths.data) if needs_data else None
+        data = read_file(fs, paths.data) if needs_data else None
         loc = store.alloc_loc()
         rows, deleted = _rows(entries, loc, data, data_size)
         if not parts:

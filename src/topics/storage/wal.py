@@ -66,7 +66,7 @@ from topics.format.frame import (
     find_next_frame,
     scan_columns,
 )
-from topics.storage.fs import Data, File, Fs, write_all, write_file
+from topics.storage.fs import Data, File, Fs, list_names, write_all, write_file
 
 __all__ = [
     "WalShard",
@@ -318,11 +318,7 @@ class ShardScan:
 
 
 def _list_wal_files(fs: Fs, d: str) -> list[str]:
-    try:
-        names = fs.listdir(d)
-    except FileNotFoundError:
-        return []
-    return sorted(n for n in names if n.startswith("wal-") and n.endswith(".log"))
+    return sorted(n for n in list_names(fs, d) if n.startswith("wal-") and n.endswith(".log"))
 
 
 def _first_index(name: str) -> int:
