@@ -73,6 +73,7 @@ from topics.storage.meta import router_states, topic_restored
 from topics.storage.segment import scan_segments, segment_paths, topic_dir
 from topics.storage.snapshot import list_snapshots, load_latest, load_valid
 from topics.storage.topicstore import (
+    RELIES_ON_NOTHING,
     LoadedTopic,
     SegmentDamage,
     TopicStore,
@@ -347,7 +348,11 @@ def load_data_dir(
         if again:
             raise again[0]
     try:
-        topics = {tid: load_topic(fs, data_dir, tid, cold_dir) for tid in ids}
+        pubs = {int(m["id"]): published_upto(m) for m in (body or {}).get("topics") or []}
+        topics = {
+            tid: load_topic(fs, data_dir, tid, cold_dir, pubs.get(tid, RELIES_ON_NOTHING))
+            for tid in ids
+        }
         for sc in scans[: len(layout)]:
             shards.append(WalShard.open_scanned(fs, sc, **shard_kw))
     except BaseException:

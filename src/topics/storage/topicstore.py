@@ -71,6 +71,7 @@ __all__ = [
     "SegMeta",
     "TopicStore",
     "LoadedTopic",
+    "RELIES_ON_NOTHING",
     "load_topic",
     "flip_deleted",
     "remove_topic_dir",
@@ -436,20 +437,30 @@ class SegmentDamage(OSError):
 class Published(NamedTuple):
     """What a snapshot's topic map says its segments hold (see :func:`published_upto`)."""
 
-    last: int  # every seq above `floor` up to here is in a segment
+    last: int  # highest seq the snapshot relies on a segment for
     floor: int
     segs: tuple[tuple[int, int], ...]  # (first seq, entries) of each hot segment it lists
+    listed: bool = False  # the map has `segs`: exactly those segments are relied on
 
 
 def published_upto(m: dict[str, Any]) -> Published:
-    """What the snapshot topic map `m` relies on: the segments hold every seq above
-    `floor` up to `last`, and (snapshots that list them) exactly the hot segments
-    in `segs`, each with at least that many entries.
+    """What the snapshot topic map `m` relies on (docs/FORMATS.md, "Segments the
+    snapshot relies on").
 
-    A checkpoint captures the snapshot body and, from the same instant, writes
-    every record up to the captured head into segments before the snapshot is
-    written (ephemeral topics write none, so only the earlier `ckpt` counts);
-    seqs at or below the eviction and delete floors may be left unwritten.
+    A map with `segs` names the hot segments its snapshot relies on, each with at
+    least that many entries, and nothing else: seqs up to the head that no listed
+    segment holds are holes or deleted records (the padding of a disk reservation
+    after a crash, a fully deleted segment that was dropped) and were never
+    written, or were written by a checkpoint whose snapshot never became durable.
+    `last` is then the last seq of the listed segments.
+
+    A map without `segs` (written before snapshots listed their segments) can
+    only be read the old way: a checkpoint captures the snapshot body and, from
+    the same instant, writes every record up to the captured head into segments
+    before the snapshot is written (ephemeral topics write none, so only the
+    earlier `ckpt` counts), so every seq above `floor` up to `last` is taken to
+    be in a segment. Seqs at or below the eviction and delete floors may be left
+    unwritten either way.
     """
     ckpt = int(m.get("ckpt", 0))
     floor = max(
@@ -458,7 +469,11 @@ def published_upto(m: dict[str, Any]) -> Published:
         int(m.get("l_trim", 0)),
         int(m.get("delete_below", 0)) - 1,
     )
-    segs = tuple((int(a), int(b)) for a, b in m.get("segs") or [])
+    raw = m.get("segs")
+    segs = tuple((int(a), int(b)) for a, b in raw or [])
+    if raw is not None:
+        last = max((a + b - 1 for a, b in segs if b > 0), default=0)
+        return Published(last, floor, segs, True)
     if (m.get("config") or {}).get("durability") == "ephemeral":
         return Published(ckpt, floor, segs)
     return Published(max(ckpt, int(m.get("head", 0))), floor, segs)
@@ -466,6 +481,27 @@ def published_upto(m: dict[str, Any]) -> Published:
 
 def _first_of(path: str) -> int:
     return int(posixpath.basename(path)[4:20])
+
+
+def _idx_entries(raw: bytes) -> np.ndarray:
+    """The whole 20-byte entries of `.idx` bytes `raw`."""
+    return np.frombuffer(raw[: len(raw) - len(raw) % IDX_ENTRY_SIZE], IDX_ENTRY_DTYPE)
+
+
+def _tiling_problem(e: np.ndarray, data_size: int, *, exact: bool) -> str | None:
+    """Why `.idx` entries `e` do not tile `.data` of `data_size` bytes from offset 0
+    (each entry starting where the previous one ends; with `exact` the last one
+    ending at the end of `.data`, else anywhere inside it), or None."""
+    if not len(e):
+        return None
+    off = e["offset"].astype(np.int64)
+    end = off + e["len"].astype(np.int64)
+    last = int(end[-1])
+    if off[0] != 0 or bool(np.any(off[1:] != end[:-1])) or last > data_size:
+        return "is short" if last > data_size else "disagrees with its .idx"
+    if exact and last != data_size:
+        return "disagrees with its .idx"
+    return None
 
 
 def check_published(
@@ -481,23 +517,115 @@ def check_published(
     """Refuse (:class:`SegmentDamage`) when a segment the snapshot relies on is damaged.
 
     `published` is :func:`published_upto` of the topic's snapshot map (None:
-    the topic is not in the snapshot, so none of its segments is relied on); a
-    segment starting at or below its last seq was published. Checked, reading only: a published
-    half without its partner; a sealed `.idx` that is not whole entries or whose
-    entries do not tile `.data` exactly; the newest segment's entries up to
-    `ckpt` not whole or pointing past `.data`; a segment the snapshot lists
-    missing or with fewer entries than it recorded. Segments whole in another
-    tier (`elsewhere`: their first seqs) count as present. Damage wholly inside `lost`
-    (seq ranges `topics repair` already recorded as lost) is not raised again.
-    Raises OSError from the fs.
+    the topic is not in the snapshot, so none of its segments is relied on);
+    `listed` the first seqs of the segments with both parts in `d`, `strays` the
+    halves without their pair. Checked, reading only (docs/FORMATS.md, "Segments
+    the snapshot relies on"): a relied-on half without its partner; a relied-on
+    segment that is gone or has fewer `.idx` entries than relied on; a sealed
+    `.idx` that is not whole entries or whose entries do not tile `.data`
+    exactly; the newest relied-on segment's entries not whole or pointing past
+    `.data`. Which segments are relied on: with `published.listed`, exactly the
+    ones the snapshot lists (any other file was written by a checkpoint whose
+    snapshot never became durable, or is what a drop left behind); otherwise
+    every segment starting at or below `published.last`. Segments whole in
+    another tier (`elsewhere`: their first seqs) count as present; segments
+    wholly at or below the floor are not checked (they are never read again).
+    Damage wholly inside `lost` (seq ranges `topics repair` already recorded as
+    lost) is not raised again. Raises OSError from the fs.
     """
     if published is None:
         return
-    ckpt, floor, recorded = published
+    if published.listed:
+        problems, ranges = _listed_problems(fs, d, published, listed, strays, elsewhere)
+    else:
+        problems, ranges = _unlisted_problems(fs, d, published, listed, strays, elsewhere)
+    keep = [
+        (p, r)
+        for p, r in zip(problems, ranges, strict=True)
+        if not any(a <= r[0] and r[1] <= b for a, b in lost)
+    ]
+    if keep:
+        raise SegmentDamage(topic_id, [p for p, _r in keep], [r for _p, r in keep])
+
+
+def _listed_problems(
+    fs: Fs,
+    d: str,
+    published: Published,
+    listed: list[int],
+    strays: list[str],
+    elsewhere: Sequence[int],
+) -> tuple[list[str], list[tuple[int, int]]]:
+    """Damage to the segments a snapshot with `segs` lists (see :func:`check_published`)."""
+    floor = published.floor
+    relied = {first: count for first, count in published.segs if count > 0}
+    newest = max(relied, default=-1)
+    pairs = set(listed)
+    problems: list[str] = []
+    ranges: list[tuple[int, int]] = []
+    stray_at = {_first_of(p): p for p in strays}
+    for first, count in sorted(relied.items()):
+        last = first + count - 1
+        if last <= floor:
+            continue  # wholly below the floor: not read again, dropped by a checkpoint
+        paths = segment_paths(d, first)
+        if first not in pairs:
+            if first in elsewhere:
+                continue  # whole in the cold tier
+            path = stray_at.get(first)
+            if path is not None:
+                other = ".data" if path.endswith(".idx") else ".idx"
+                problems.append(f"{path}: its {other} is missing")
+            else:
+                problems.append(
+                    f"{paths.data}: the segment (seqs {first}..{last}) the snapshot lists is gone"
+                )
+            ranges.append((first, last))
+            continue
+        raw = read_file(fs, paths.idx)
+        data_size = _file_size(fs, paths.data)
+        have = len(raw) // IDX_ENTRY_SIZE
+        if have < count:
+            problems.append(
+                f"{paths.idx}: {have} entries, the snapshot recorded {count} "
+                f"(seqs {first + have}..{last} are missing)"
+            )
+            ranges.append((first + have, last))
+            continue
+        if first == newest:
+            # The snapshot's active segment: later checkpoints may have appended to
+            # it (and left a torn tail); only the entries it relied on are checked.
+            e = _idx_entries(raw)[:count]
+            why = _tiling_problem(e, data_size, exact=False)
+        elif len(raw) % IDX_ENTRY_SIZE:
+            problems.append(f"{paths.idx}: {len(raw)} bytes is not whole 20-byte entries")
+            ranges.append((first, last))
+            continue
+        else:
+            e = _idx_entries(raw)
+            why = _tiling_problem(e, data_size, exact=True)
+        if why is not None:
+            problems.append(
+                f"{paths.data} ({data_size} bytes) {why} (seqs {first}..{first + len(e) - 1})"
+            )
+            ranges.append((first, first + len(e) - 1))
+    return problems, ranges
+
+
+def _unlisted_problems(
+    fs: Fs,
+    d: str,
+    published: Published,
+    listed: list[int],
+    strays: list[str],
+    elsewhere: Sequence[int],
+) -> tuple[list[str], list[tuple[int, int]]]:
+    """Damage to the segments a snapshot without `segs` relies on: every one starting
+    at or below its `last` (see :func:`published_upto`)."""
+    ckpt, floor = published.last, published.floor
     problems: list[str] = []
     ranges: list[tuple[int, int]] = []
     starts = sorted([*listed, *(_first_of(p) for p in strays)])
-    listed_counts = dict(recorded)
 
     def until(first: int, count: int | None) -> int:
         if count is not None:
@@ -507,12 +635,11 @@ def check_published(
 
     for path in strays:
         first = _first_of(path)
-        if first > ckpt:
+        if first > ckpt or first in elsewhere:
             continue  # written by a checkpoint that never published its snapshot
         has_idx = path.endswith(".idx")
         if has_idx:
-            raw = read_file(fs, path)
-            e = np.frombuffer(raw[: len(raw) - len(raw) % IDX_ENTRY_SIZE], IDX_ENTRY_DTYPE)
+            e = _idx_entries(read_file(fs, path))
             if until(first, len(e)) <= floor or (len(e) and bool(np.all(e["flags"] == DELETED))):
                 continue  # what a drop (below the floor, or fully deleted) leaves behind
             count: int | None = len(e)
@@ -529,75 +656,38 @@ def check_published(
         if i + 1 < len(listed) and listed[i + 1] - 1 <= floor:
             continue  # wholly below the floor: not read again, dropped by a checkpoint
         paths = segment_paths(d, first)
-        idx_size = _file_size(fs, paths.idx)
-        data_size = _file_size(fs, paths.data)
         raw = read_file(fs, paths.idx)
+        data_size = _file_size(fs, paths.data)
         newest = i == len(listed) - 1
         if newest:
             need = ckpt - first + 1
-            if first in listed_counts:
-                # The snapshot knows how many entries it wrote: seqs after them up to
-                # the head are holes (never written: lost to a crash before the head
-                # watermark), not missing entries.
-                need = min(need, listed_counts[first])
-            if ckpt > floor and len(raw) // IDX_ENTRY_SIZE < need:
-                have = len(raw) // IDX_ENTRY_SIZE
+            have = len(raw) // IDX_ENTRY_SIZE
+            if ckpt > floor and have < need:
                 problems.append(
                     f"{paths.idx}: {have} entries, but the snapshot relies on {need} "
                     f"(seqs {first + have}..{ckpt} are missing)"
                 )
                 ranges.append((first + have, ckpt))
                 continue
-            raw = raw[: max(need, 0) * IDX_ENTRY_SIZE]
-        elif idx_size % IDX_ENTRY_SIZE:
-            problems.append(f"{paths.idx}: {idx_size} bytes is not whole 20-byte entries")
+            e = _idx_entries(raw)[: max(need, 0)]
+        elif len(raw) % IDX_ENTRY_SIZE:
+            problems.append(f"{paths.idx}: {len(raw)} bytes is not whole 20-byte entries")
             ranges.append((first, until(first, None)))
             continue
-        e = np.frombuffer(raw, IDX_ENTRY_DTYPE)
-        off = e["offset"].astype(np.int64)
-        ln = e["len"].astype(np.int64)
-        end = off + ln
-        bad = len(e) > 0 and (
-            off[0] != 0
-            or bool(np.any(off[1:] != end[:-1]))
-            or (int(end[-1]) != data_size if not newest else int(end[-1]) > data_size)
-        )
-        if bad:
-            why = "is short" if len(e) and int(end[-1]) > data_size else "disagrees with its .idx"
+        else:
+            e = _idx_entries(raw)
+        why = _tiling_problem(e, data_size, exact=not newest)
+        if why is not None:
             problems.append(
                 f"{paths.data} ({data_size} bytes) {why} (seqs {first}..{first + len(e) - 1})"
             )
             ranges.append((first, first + len(e) - 1))
-    # The snapshot's own list of its segments: each must be there, whole, with at
-    # least the entries it had (nothing else can tell a whole segment that is gone,
-    # or an .idx and .data cut back together).
-    for first, count in recorded:
-        if count <= 0 or any(a <= first + count - 1 and first <= b for a, b in ranges):
-            continue  # already reported
-        paths = segment_paths(d, first)
-        if first in elsewhere and first not in listed:
-            continue  # whole in the cold tier
-        if first not in listed:
-            problems.append(
-                f"{paths.data}: the segment (seqs {first}..{first + count - 1}) the snapshot "
-                "lists is gone"
-            )
-            ranges.append((first, first + count - 1))
-            continue
-        have = _file_size(fs, paths.idx) // IDX_ENTRY_SIZE
-        if have < count:
-            problems.append(
-                f"{paths.idx}: {have} entries, the snapshot recorded {count} "
-                f"(seqs {first + have}..{first + count - 1} are missing)"
-            )
-            ranges.append((first + have, first + count - 1))
-    keep = [
-        (p, r)
-        for p, r in zip(problems, ranges, strict=True)
-        if not any(a <= r[0] and r[1] <= b for a, b in lost)
-    ]
-    if keep:
-        raise SegmentDamage(topic_id, [p for p, _r in keep], [r for _p, r in keep])
+    return problems, ranges
+
+
+#: What a topic that is in no snapshot (created after it, or there is none) relies
+#: on: no segment (the WAL holds every one of its records).
+RELIES_ON_NOTHING = Published(0, 0, (), True)
 
 
 def load_topic(
@@ -605,15 +695,23 @@ def load_topic(
     root: str,
     topic_id: int,
     cold_root: str | None = None,
+    published: Published | None = None,
 ) -> LoadedTopic:
     """Load the segments of topic instance `topic_id` under data dir `root`.
 
     Segments are listed through the topic's tier (HOT preferred when a segment is
-    in both). The newest is resumed as the active one (its torn tail past what
-    the snapshot relies on, if any, is truncated: the WAL still holds those
-    records); older ones are sealed and only their `.idx` is read. The caller has
-    already checked the segments the snapshot relies on (:func:`check_published`,
-    for every topic before anything changes). Raises OSError from the fs.
+    in both). The newest is resumed as the active one: entries whose frames do
+    not verify are its torn tail and are truncated, and so, when `published` (see
+    :func:`published_upto`; :data:`RELIES_ON_NOTHING` for a topic in no snapshot)
+    tells which segments the snapshot relies on, is every entry past the ones it
+    relies on: a checkpoint whose snapshot never became durable wrote them, a
+    crash may have torn their `.idx` bytes that no frame checksum covers (a hole's
+    0xD5 flag, a timestamp), and the WAL still holds their records
+    (docs/FORMATS.md, "Segments the snapshot relies on"). Older ones are sealed
+    (flushed whole before a newer one was created) and only their `.idx` is read.
+    The caller has already checked the segments the snapshot relies on
+    (:func:`check_published`, for every topic before anything changes). Raises
+    OSError from the fs.
     """
     store = TopicStore.create(fs, root, topic_id, cold_root)
     d = store.dir
@@ -647,7 +745,10 @@ def load_topic(
             continue
         active = i == len(listed) - 1 and tier is Tier.HOT
         if active:
-            writer = SegmentWriter.resume(fs, d, first)
+            keep = None
+            if published is not None and published.listed:
+                keep = dict(published.segs).get(first, 0)
+            writer = SegmentWriter.resume(fs, d, first, max_count=keep)
             store.writer = writer
             try:
                 raw = writer.idx_bytes()
