@@ -535,10 +535,11 @@ def check_published(
     """
     if published is None:
         return
+    on = _OnDisk(fs, d, published, listed, strays, elsewhere)
     if published.listed:
-        problems, ranges = _listed_problems(fs, d, published, listed, strays, elsewhere)
+        problems, ranges = _listed_problems(on)
     else:
-        problems, ranges = _unlisted_problems(fs, d, published, listed, strays, elsewhere)
+        problems, ranges = _unlisted_problems(on)
     keep = [
         (p, r)
         for p, r in zip(problems, ranges, strict=True)
@@ -548,15 +549,24 @@ def check_published(
         raise SegmentDamage(topic_id, [p for p, _r in keep], [r for _p, r in keep])
 
 
-def _listed_problems(
-    fs: Fs,
-    d: str,
-    published: Published,
-    listed: list[int],
-    strays: list[str],
-    elsewhere: Sequence[int],
-) -> tuple[list[str], list[tuple[int, int]]]:
+class _OnDisk(NamedTuple):
+    """What :func:`check_published` found of one topic's segments, for its two checks."""
+
+    fs: Fs
+    d: str
+    published: Published
+    listed: list[int]
+    strays: list[str]
+    elsewhere: Sequence[int]
+
+
+#: Problems found (one line each) and the seq range each one puts at risk.
+_Found = tuple[list[str], list[tuple[int, int]]]
+
+
+def _listed_problems(on: _OnDisk) -> _Found:
     """Damage to the segments a snapshot with `segs` lists (see :func:`check_published`)."""
+    fs, d, published, listed, strays, elsewhere = on
     floor = published.floor
     relied = {first: count for first, count in published.segs if count > 0}
     newest = max(relied, default=-1)
@@ -612,16 +622,10 @@ def _listed_problems(
     return problems, ranges
 
 
-def _unlisted_problems(
-    fs: Fs,
-    d: str,
-    published: Published,
-    listed: list[int],
-    strays: list[str],
-    elsewhere: Sequence[int],
-) -> tuple[list[str], list[tuple[int, int]]]:
+def _unlisted_problems(on: _OnDisk) -> _Found:
     """Damage to the segments a snapshot without `segs` relies on: every one starting
     at or below its `last` (see :func:`published_upto`)."""
+    fs, d, published, listed, strays, elsewhere = on
     ckpt, floor = published.last, published.floor
     problems: list[str] = []
     ranges: list[tuple[int, int]] = []
