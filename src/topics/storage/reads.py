@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TypeVar
 
 from topics.engine.frames import ColdRead, ReadAhead, read_ahead
@@ -110,6 +111,12 @@ read_pool = ReadPool()
 HISTORY_MAX_WAIT_S = 0.002
 
 
+#: A historical step shorter than this (s) is not paced, only yielded after.
+HISTORY_PACE_MIN_S = 0.0002
+#: When the current task's historical step began (loop time), for pacing.
+_step_started: ContextVar[float | None] = ContextVar("topics_history_step", default=None)
+
+
 class HistoryGate:
     """Historical reads give way to writes waiting for their commit.
 
@@ -139,11 +146,26 @@ class HistoryGate:
                 self._idle.set()
 
     async def turn(self) -> None:
-        """Before a historical read step: yield, and wait while writes are in flight."""
+        """Before a historical read step: yield, and wait while writes are in flight.
+
+        Paced too: a step that kept the loop busy for `t` seconds is followed by a
+        pause of `t` (once it exceeds :data:`HISTORY_PACE_MIN_S`), so history takes
+        at most about half of the loop while live work is waiting for the rest.
+        """
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        last = _step_started.get()
+        if last is not None and now - last > HISTORY_PACE_MIN_S:
+            await asyncio.sleep(now - last)
+        try:
+            await self._wait_writes(loop)
+        finally:
+            _step_started.set(loop.time())
+
+    async def _wait_writes(self, loop: asyncio.AbstractEventLoop) -> None:
         if not self.writes:
             await asyncio.sleep(0)
             return
-        loop = asyncio.get_running_loop()
         if self._idle is None or self._loop is not loop:
             self._idle, self._loop = asyncio.Event(), loop
         self._idle.clear()
