@@ -17,10 +17,13 @@ import asyncio
 import math
 import os
 import socket
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 __all__ = [
+    "ChunkRecorder",
+    "get_path",
     "AsyncConn",
     "SSEParser",
     "SyncConn",
@@ -281,3 +284,40 @@ def system_busy_s() -> float:
     idle = vals[3] + (vals[4] if len(vals) > 4 else 0)  # idle + iowait
     guest = sum(vals[8:10]) if len(vals) > 9 else 0  # already counted in user/nice
     return (sum(vals) - idle - guest) / _TICK
+
+
+class ChunkRecorder(asyncio.Protocol):
+    """An SSE client connection that keeps every received chunk with its arrival time.
+
+    Chunks are `(time.monotonic_ns(), bytes)`; parsing happens afterwards, off the
+    measured path. `ready` resolves once the stream's `retry:` preamble arrived.
+    """
+
+    def __init__(self) -> None:
+        self.transport: Any = None
+        self.chunks: list[tuple[int, bytes]] = []
+        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.seen = b""
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.chunks.append((time.monotonic_ns(), data))
+        if not self.ready.done():
+            self.seen += data
+            if b"retry:" in self.seen:
+                self.ready.set_result(None)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if not self.ready.done():
+            self.ready.set_exception(exc or ConnectionError("stream closed before it started"))
+
+
+def get_path(d: Any, path: str) -> Any:
+    """`d["a"]["b"]` for `path` "a.b", or None where a key is missing."""
+    for k in path.split("."):
+        if not isinstance(d, dict) or k not in d:
+            return None
+        d = d[k]
+    return d

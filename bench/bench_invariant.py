@@ -79,6 +79,7 @@ sys.path.insert(0, str(HERE))
 
 from _client import (  # noqa: E402
     AsyncConn,
+    ChunkRecorder,
     SSEParser,
     SyncConn,
     build_request,
@@ -341,30 +342,6 @@ async def _fill(srv: Server, topic: str, records: int, record_bytes: int) -> dic
 
 
 # -- the SSE subscriber (child process) ------------------------------------------------------
-class _Stream(asyncio.Protocol):
-    """Keeps every received chunk with its arrival time; parsing happens afterwards."""
-
-    def __init__(self) -> None:
-        self.transport: Any = None
-        self.chunks: list[tuple[int, bytes]] = []
-        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.seen = b""
-
-    def connection_made(self, transport: Any) -> None:
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        self.chunks.append((time.monotonic_ns(), data))
-        if not self.ready.done():
-            self.seen += data
-            if b"retry:" in self.seen:
-                self.ready.set_result(None)
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        if not self.ready.done():
-            self.ready.set_exception(exc or ConnectionError("stream closed before it started"))
-
-
 def _stdin_lines(loop: asyncio.AbstractEventLoop) -> asyncio.Queue[str]:
     """Lines of fd 0 as an asyncio queue (the parent's commands); "" at EOF."""
     q: asyncio.Queue[str] = asyncio.Queue()
@@ -401,7 +378,7 @@ async def _watcher_main(host: str, port: int, topic: str, out: Path) -> None:
     if st != 200:
         raise RuntimeError(f"POST /v0/watch: {st} {b[:200]!r}")
     url = orjson.loads(b)["stream_url"]
-    transport, stream = await loop.create_connection(_Stream, host, port)
+    transport, stream = await loop.create_connection(ChunkRecorder, host, port)
     transport.write(
         build_request("GET", url, headers=[("Accept", "text/event-stream")], host=hostport)
     )

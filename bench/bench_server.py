@@ -63,9 +63,11 @@ sys.path.insert(0, str(HERE))
 
 from _client import (  # noqa: E402
     AsyncConn,
+    ChunkRecorder,
     SSEParser,
     SyncConn,
     build_request,
+    get_path,
     proc_cpu_s,
     summarize,
     system_busy_s,
@@ -394,30 +396,6 @@ def phase_diff(tg: Target, quick: bool) -> dict[str, Any]:
 
 
 # -- 4. SSE write-to-deliver latency ------------------------------------------------------
-class _Watcher(asyncio.Protocol):
-    """Keeps every received chunk with its arrival time; parsing happens afterwards."""
-
-    def __init__(self) -> None:
-        self.transport: Any = None
-        self.chunks: list[tuple[int, bytes]] = []
-        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.seen = b""
-
-    def connection_made(self, transport: Any) -> None:
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        self.chunks.append((time.monotonic_ns(), data))
-        if not self.ready.done():
-            self.seen += data
-            if b"retry:" in self.seen:
-                self.ready.set_result(None)
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        if not self.ready.done():
-            self.ready.set_exception(exc or ConnectionError("stream closed before it started"))
-
-
 async def _watchers_main(host: str, port: int, topic: str, n: int, out: Path) -> None:
     loop = asyncio.get_running_loop()
     ctl = await AsyncConn.open(host, port)
@@ -425,13 +403,13 @@ async def _watchers_main(host: str, port: int, topic: str, n: int, out: Path) ->
     create = build_request(
         "POST", "/v0/watch", orjson.dumps({"topics": {topic: {"tail": True}}}), host=hostport
     )
-    streams: list[_Watcher] = []
+    streams: list[ChunkRecorder] = []
     for _ in range(n):
         st, b = await ctl.roundtrip(create)
         if st != 200:
             raise RuntimeError(f"POST /v0/watch: {st} {b[:200]!r}")
         url = orjson.loads(b)["stream_url"]
-        transport, w = await loop.create_connection(_Watcher, host, port)
+        transport, w = await loop.create_connection(ChunkRecorder, host, port)
         transport.write(
             build_request("GET", url, headers=[("Accept", "text/event-stream")], host=hostport)
         )
@@ -701,16 +679,8 @@ def environment() -> dict[str, Any]:
     }
 
 
-def get(d: Any, path: str) -> Any:
-    for k in path.split("."):
-        if not isinstance(d, dict) or k not in d:
-            return None
-        d = d[k]
-    return d
-
-
 def median_of(runs: list[dict[str, Any]], path: str) -> float | None:
-    vals = [v for r in runs if isinstance(v := get(r, path), int | float)]
+    vals = [v for r in runs if isinstance(v := get_path(r, path), int | float)]
     return statistics.median(vals) if vals else None
 
 
@@ -724,7 +694,7 @@ def cell(runs: list[dict[str, Any]], path: str, digits: int = 1) -> str:
     med = median_of(runs, path)
     if len(runs) == 1:
         return fmt(med, digits)
-    allv = " / ".join(fmt(get(r, path), digits) for r in runs)
+    allv = " / ".join(fmt(get_path(r, path), digits) for r in runs)
     return f"**{fmt(med, digits)}** ({allv})"
 
 
@@ -831,7 +801,8 @@ def tables(runs: list[dict[str, Any]], cpus: int | None) -> tuple[str, dict[str,
         for n in [str(x) for x in SSE_LEVELS]:
             p = f"sse.{n}."
             got = " / ".join(
-                f"{get(r, p + 'deliveries')}/{get(r, p + 'expected_deliveries')}" for r in runs
+                f"{get_path(r, p + 'deliveries')}/{get_path(r, p + 'expected_deliveries')}"
+                for r in runs
             )
             out.append(
                 f"| {n} | {got} | {cell(runs, p + 'p50_ms', 2)} | {cell(runs, p + 'p99_ms', 2)} | "

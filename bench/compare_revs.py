@@ -46,6 +46,9 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from _client import get_path  # noqa: E402
 
 PHASES = ["write_ack", "batched", "diff", "sse"]
 # (label, path in a bench_server run, higher is better, digits); `*` = every level
@@ -142,14 +145,6 @@ def run_bench(bench: Path, tree: Path, phase: str, forward: list[str], out: Path
     return {"run": run, "error": err, "wall_s": wall}
 
 
-def get(d: Any, path: str) -> Any:
-    for k in path.split("."):
-        if not isinstance(d, dict) or k not in d:
-            return None
-        d = d[k]
-    return d
-
-
 def expand(phase: str, runs: list[dict[str, Any]]) -> list[tuple[str, str, bool, int]]:
     """The metric rows of `phase`, `*` replaced by every level the runs hold (1, 256, ...)."""
     rows: list[tuple[str, str, bool, int]] = []
@@ -160,7 +155,7 @@ def expand(phase: str, runs: list[dict[str, Any]]) -> list[tuple[str, str, bool,
         head = path.split(".*.")[0]
         levels: set[str] = set()
         for r in runs:
-            sub = get(r, head)
+            sub = get_path(r, head)
             if isinstance(sub, dict):
                 levels |= {k for k in sub if k.isdigit()}
         for lv in sorted(levels, key=int):
@@ -179,16 +174,16 @@ def compare(
     for phase in phases:
         runs_b, runs_a = before.get(phase, []), after.get(phase, [])
         for label, path, higher, digits in expand(phase, runs_b + runs_a):
-            vb = [v for r in runs_b if isinstance(v := get(r, path), int | float)]
-            va = [v for r in runs_a if isinstance(v := get(r, path), int | float)]
+            vb = [v for r in runs_b if isinstance(v := get_path(r, path), int | float)]
+            va = [v for r in runs_a if isinstance(v := get_path(r, path), int | float)]
             mb = statistics.median(vb) if vb else None
             ma = statistics.median(va) if va else None
             ratio = round(ma / mb, 4) if mb and ma is not None else None
             # how much slower after is: the latency added, or the share of throughput lost
             worse = None if ratio is None else round(1 - ratio if higher else ratio - 1, 4)
             cpu = path.rsplit(".", 1)[0] + ".cpu.others_cores"
-            ob = [v for r in runs_b if isinstance(v := get(r, cpu), int | float)]
-            oa = [v for r in runs_a if isinstance(v := get(r, cpu), int | float)]
+            ob = [v for r in runs_b if isinstance(v := get_path(r, cpu), int | float)]
+            oa = [v for r in runs_a if isinstance(v := get_path(r, cpu), int | float)]
             rows.append(
                 {
                     "phase": phase,
