@@ -189,11 +189,13 @@ async def read_diff(eng: Engine, name: str, p: DiffParams) -> tuple[Topic, ReadR
         return t, r
     tomb = r.tombstone
     records, seqs, scanned = list(r.records), list(r.seqs), r.scanned
+    # The first slice ran the read preamble (router drain, retention); the others
+    # continue the same page at the same instant.
+    now = eng.clock.now_ms()
     while len(records) < p.limit and r.used < p.budget and not r.caught_up:
         await history_gate.turn()
         if eng.get(name) is not t or not t.alive:
             break
-        now = eng.prepare_read(t)
         more = await read_pool.run(
             partial(
                 t.read_opts,
