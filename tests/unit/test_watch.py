@@ -458,16 +458,7 @@ def _reference_step(
     t = d.topic
     assert t is not None and t.alive and not d.deleted
     now = eng.prepare_read(t)
-    r = t.read(
-        cursor,
-        opts.limit,
-        opts.budget,
-        now=now,
-        nodes=opts.nodes,
-        include_tags=opts.include_tags,
-        include_meta=opts.include_meta,
-        include_data=opts.include_data,
-    )
+    r = t.read_opts(cursor, opts, now=now)
     out: list[tuple[str, bytes]] = []
     cur = cursor
     tomb = r.tombstone
