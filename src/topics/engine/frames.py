@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from contextvars import ContextVar
 from typing import Any, Protocol, cast
 
+import numpy as np
 import orjson
 
 from topics.format.frame import (
@@ -34,6 +35,7 @@ from topics.format.frame import (
     Buf,
     check_frame,
     frame_fields,
+    native_render,
     plain_data,
 )
 
@@ -47,6 +49,7 @@ __all__ = [
     "Chunk",
     "FrameCorrupt",
     "render_frames",
+    "python_render",
     "collect_fields",
 ]
 
@@ -199,6 +202,62 @@ def render_frames(
     if not n:
         return
     buf, base = _span(src, offs, lens)
+    if native_render is not None:
+        bad = native_render(
+            out,
+            buf,
+            base,
+            np.asarray(seqs, np.int64),
+            np.asarray(offs, np.int64),
+            np.asarray(lens, np.int64),
+            np.asarray(tss, np.int64),
+            src.hdr,
+            src.verify,
+            include_tags,
+            include_meta,
+            include_data,
+        )
+        if bad is not None:
+            i, why = bad
+            raise FrameCorrupt(src.name, int(seqs[i]), why)
+        return
+    python_render(
+        src,
+        buf,
+        base,
+        seqs,
+        offs,
+        lens,
+        tss,
+        out,
+        node_json,
+        include_tags=include_tags,
+        include_meta=include_meta,
+        include_data=include_data,
+    )
+
+
+def python_render(
+    src: FrameSource,
+    buf: Buf,
+    base: int,
+    seqs: Sequence[int],
+    offs: Sequence[int],
+    lens: Sequence[int],
+    tss: Sequence[int],
+    out: list[bytes],
+    node_json: dict[bytes, bytes],
+    *,
+    include_tags: bool,
+    include_meta: bool,
+    include_data: bool,
+) -> None:
+    """The reference renderer: :func:`render_frames` in Python, over `buf` at `base`.
+
+    Used where the compiled renderer (`topics.format._render`) is not built, and
+    by the tests that hold both to the same bytes.
+    """
+    n = len(seqs)
     hdr = src.hdr
     verify = src.verify
     plain_ok = include_data and not include_tags

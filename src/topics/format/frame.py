@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import mmap
 import struct
-from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -107,6 +107,7 @@ __all__ = [
     "RecordFields",
     "F_RECORD_MASK",
     "check_frame",
+    "native_render",
     "frame_fields",
     "plain_data",
     "SEG_FRAME_OVERHEAD",
@@ -215,6 +216,23 @@ SEG_MIN_FRAME_SIZE = SEG_MIN_FRAME_LEN + 4  # 45
 
 checksum = xxhash.xxh3_64_intdigest
 """XXH3-64 (hash seed 0) of a bytes-like object -> int."""
+
+NativeRender = Callable[
+    [list[bytes], Buf, int, object, object, object, object, int, bool, bool, bool, bool],
+    "tuple[int, str] | None",
+]
+native_render: NativeRender | None
+try:
+    from topics.format._render import render as native_render
+except ImportError:  # not built (no C compiler at install time): Python renders
+    native_render = None
+"""The compiled record renderer (`_render.c`), or None where it was not built.
+
+`native_render(out, buf, base, seqs, offs, lens, tss, hdr, verify, include_tags,
+include_meta, include_data)` appends each record's wire object to `out` and
+returns None, or `(i, reason)` for the first frame i that does not verify
+(docs/ARCHITECTURE.md, "Compiled code").
+"""
 
 # -- reading one record frame in place --------------------------------------------
 #

@@ -1,0 +1,20 @@
+"""Build hook for the compiled parts of the one codec (docs/ARCHITECTURE.md, "Compiled code").
+
+Everything else about the distribution lives in pyproject.toml. The extension is
+optional: where no C compiler is at hand the build goes on without it, and
+`topics.format` falls back to its pure-Python implementation.
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "topics.format._render",
+            sources=["src/topics/format/_render.c"],
+            include_dirs=["src/topics/format"],
+            extra_compile_args=["-O3", "-std=c11"],
+            optional=True,
+        )
+    ]
+)

@@ -1,0 +1,287 @@
+/*
+ * Compiled record rendering: the wire object of each record (docs/API.md,
+ * "4. Records") spliced from its stored frame (docs/FORMATS.md, "Frames").
+ *
+ * This is the per-record loop of topics.engine.frames.render_frames, which
+ * remains the reference implementation and the fallback when this module is
+ * not built; tests/unit/test_render_native.py holds both to the same bytes.
+ *
+ * render(out, buf, base, seqs, offs, lens, tss, hdr, verify,
+ *        include_tags, include_meta, include_data) -> None | (index, reason)
+ *
+ *   out    list: one bytes object is appended per record
+ *   buf    any contiguous buffer (bytes, bytearray, memoryview, mmap) holding
+ *          the frames; a frame at source offset `off` starts at buf[off - base]
+ *   seqs, offs, lens, tss
+ *          contiguous int64 buffers of equal length, one entry per record
+ *          (its seq, frame offset and length in bytes, commit time in ms)
+ *   hdr    header size of the frames' kind: 38 (WAL) or 37 (segment)
+ *   verify check the length prefix, the seq and the XXH3-64 of every frame
+ *
+ * Returns None when every record rendered, else (i, reason) for the first
+ * record i that could not be (records before it were appended). Bounds are
+ * always checked, whether or not `verify` is set.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define XXH_INLINE_ALL
+#include "_vendor/xxhash/xxhash.h"
+
+#define CRC 8
+#define FLAGS_BACK 33
+#define SEQ_BACK 24
+#define LENS_BACK 8
+#define F_HAS_TAG 0x01
+#define F_HAS_NODE 0x02
+#define F_HAS_META 0x08
+#define F_RECORD_MASK (F_HAS_TAG | F_HAS_NODE | F_HAS_META)
+
+static inline uint16_t rd16(const unsigned char *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline uint32_t rd32(const unsigned char *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v; /* little-endian hosts only (checked at import) */
+}
+static inline uint64_t rd64(const unsigned char *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+/* Decimal digits of v into out (no terminator); returns the count. */
+static Py_ssize_t put_i64(char *out, int64_t v) {
+    char tmp[24];
+    Py_ssize_t n = 0, k = 0;
+    uint64_t u;
+    if (v < 0) {
+        out[k++] = '-';
+        u = (uint64_t)0 - (uint64_t)v;
+    } else {
+        u = (uint64_t)v;
+    }
+    do {
+        tmp[n++] = (char)('0' + (u % 10));
+        u /= 10;
+    } while (u);
+    while (n) out[k++] = tmp[--n];
+    return k;
+}
+
+/* Bytes of s as a JSON string, escaped as orjson escapes it (quotes included). */
+static Py_ssize_t json_str_len(const unsigned char *s, Py_ssize_t n) {
+    Py_ssize_t len = 2;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = s[i];
+        if (c == '"' || c == '\\' || c == '\b' || c == '\t' || c == '\n' || c == '\f' ||
+            c == '\r')
+            len += 2;
+        else if (c < 0x20)
+            len += 6;
+        else
+            len += 1;
+    }
+    return len;
+}
+
+static char *put_json_str(char *w, const unsigned char *s, Py_ssize_t n) {
+    static const char hex[] = "0123456789abcdef";
+    *w++ = '"';
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = s[i];
+        switch (c) {
+        case '"': *w++ = '\\'; *w++ = '"'; break;
+        case '\\': *w++ = '\\'; *w++ = '\\'; break;
+        case '\b': *w++ = '\\'; *w++ = 'b'; break;
+        case '\t': *w++ = '\\'; *w++ = 't'; break;
+        case '\n': *w++ = '\\'; *w++ = 'n'; break;
+        case '\f': *w++ = '\\'; *w++ = 'f'; break;
+        case '\r': *w++ = '\\'; *w++ = 'r'; break;
+        default:
+            if (c < 0x20) {
+                memcpy(w, "\\u00", 4);
+                w += 4;
+                *w++ = hex[c >> 4];
+                *w++ = hex[c & 15];
+            } else {
+                *w++ = (char)c;
+            }
+        }
+    }
+    *w++ = '"';
+    return w;
+}
+
+static int get_i64(PyObject *obj, Py_buffer *view, const char *what) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    if (view->itemsize != 8 || view->format == NULL ||
+        (strcmp(view->format, "q") != 0 && strcmp(view->format, "l") != 0 &&
+         strcmp(view->format, "<q") != 0 && strcmp(view->format, "=q") != 0 &&
+         strcmp(view->format, "<l") != 0 && strcmp(view->format, "=l") != 0)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a contiguous int64 buffer", what);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *bad(Py_ssize_t i, const char *why) {
+    return Py_BuildValue("(ns)", i, why);
+}
+
+static PyObject *render_run(PyObject *out, const unsigned char *b, Py_ssize_t blen,
+                            int64_t base, const int64_t *seqs, const int64_t *offs,
+                            const int64_t *lens, const int64_t *tss, Py_ssize_t n, int hdr,
+                            int verify, int include_tags, int include_meta,
+                            int include_data) {
+    const int plain_ok = include_data && !include_tags;
+    char num[48];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t o64 = offs[i] - base, ln64 = lens[i];
+        if (ln64 < hdr + CRC || o64 < 0 || o64 > blen || ln64 > blen - o64)
+            return bad(i, "frame outside the file");
+        Py_ssize_t o = (Py_ssize_t)o64, ln = (Py_ssize_t)ln64;
+        const unsigned char *f = b + o;
+        Py_ssize_t end = ln - CRC; /* relative to f */
+        if (verify) {
+            if ((int64_t)rd32(f) != ln64 - 4)
+                return bad(i, "frame_len does not match the indexed length");
+            if (rd64(f + hdr - SEQ_BACK) != (uint64_t)seqs[i])
+                return bad(i, "frame carries another seq");
+            if (XXH3_64bits(f + 4, (size_t)(end - 4)) != rd64(f + end))
+                return bad(i, "checksum mismatch");
+        }
+        unsigned flags = f[hdr - FLAGS_BACK];
+        /* the record's fields */
+        const unsigned char *node = NULL, *tag = NULL, *data, *meta = NULL;
+        Py_ssize_t nl = 0, tl = 0, dl, ml = 0;
+        if (plain_ok && !(flags & F_RECORD_MASK)) {
+            data = f + hdr;
+            dl = end - hdr;
+        } else {
+            Py_ssize_t p = hdr;
+            Py_ssize_t nlen = rd16(f + hdr - LENS_BACK), tlen = rd16(f + hdr - LENS_BACK + 2);
+            if (nlen + tlen > end - p) return bad(i, "lengths inconsistent with frame_len");
+            if (flags & F_HAS_NODE) { node = f + p; nl = nlen; }
+            p += nlen;
+            if (flags & F_HAS_TAG) { tag = f + p; tl = tlen; }
+            p += tlen;
+            if (flags & F_HAS_META) {
+                if (end - p < 4) return bad(i, "meta_len inconsistent with data_len");
+                Py_ssize_t m = (Py_ssize_t)rd32(f + p);
+                if (m > end - p - 4) return bad(i, "meta_len inconsistent with data_len");
+                meta = f + p + 4;
+                ml = m;
+                data = meta + m;
+                dl = end - (p + 4 + m);
+            } else {
+                data = f + p;
+                dl = end - p;
+            }
+        }
+        /* size it */
+        Py_ssize_t ns = put_i64(num, seqs[i]);
+        Py_ssize_t nt = put_i64(num + 24, tss[i]);
+        Py_ssize_t size = 8 + ns + 7 + nt + 1; /* {"$seq":N,"$ts":T} */
+        if (node) size += 9 + json_str_len(node, nl);
+        if (include_tags && tag) size += 8 + json_str_len(tag, tl);
+        if (include_data) size += 8 + dl;
+        if (include_meta && meta) size += 8 + ml;
+        PyObject *rec = PyBytes_FromStringAndSize(NULL, size);
+        if (rec == NULL) return NULL;
+        char *w = PyBytes_AS_STRING(rec);
+        memcpy(w, "{\"$seq\":", 8); w += 8;
+        memcpy(w, num, (size_t)ns); w += ns;
+        memcpy(w, ",\"$ts\":", 7); w += 7;
+        memcpy(w, num + 24, (size_t)nt); w += nt;
+        if (node) {
+            memcpy(w, ",\"$node\":", 9); w += 9;
+            w = put_json_str(w, node, nl);
+        }
+        if (include_tags && tag) {
+            memcpy(w, ",\"$tag\":", 8); w += 8;
+            w = put_json_str(w, tag, tl);
+        }
+        if (include_data) {
+            memcpy(w, ",\"data\":", 8); w += 8;
+            memcpy(w, data, (size_t)dl); w += dl;
+        }
+        if (include_meta && meta) {
+            memcpy(w, ",\"meta\":", 8); w += 8;
+            memcpy(w, meta, (size_t)ml); w += ml;
+        }
+        *w++ = '}';
+        if (w - PyBytes_AS_STRING(rec) != size) {
+            Py_DECREF(rec);
+            PyErr_SetString(PyExc_SystemError, "render: size mismatch");
+            return NULL;
+        }
+        int r = PyList_Append(out, rec);
+        Py_DECREF(rec);
+        if (r < 0) return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *render(PyObject *self, PyObject *args) {
+    PyObject *out, *bufobj, *so, *oo, *lo, *to;
+    long long base;
+    int hdr, verify, include_tags, include_meta, include_data;
+    if (!PyArg_ParseTuple(args, "O!OLOOOOipppp", &PyList_Type, &out, &bufobj, &base, &so,
+                          &oo, &lo, &to, &hdr, &verify, &include_tags, &include_meta,
+                          &include_data))
+        return NULL;
+    if (hdr < FLAGS_BACK || hdr > 64) {
+        PyErr_SetString(PyExc_ValueError, "hdr out of range");
+        return NULL;
+    }
+    Py_buffer buf, vs, vo, vl, vt;
+    if (PyObject_GetBuffer(bufobj, &buf, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *res = NULL;
+    if (get_i64(so, &vs, "seqs") < 0) goto done0;
+    if (get_i64(oo, &vo, "offs") < 0) goto done1;
+    if (get_i64(lo, &vl, "lens") < 0) goto done2;
+    if (get_i64(to, &vt, "tss") < 0) goto done3;
+    Py_ssize_t n = vs.len / 8;
+    if (vo.len / 8 != n || vl.len / 8 != n || vt.len / 8 != n) {
+        PyErr_SetString(PyExc_ValueError, "seqs, offs, lens and tss differ in length");
+    } else {
+        res = render_run(out, (const unsigned char *)buf.buf, buf.len, (int64_t)base,
+                         (const int64_t *)vs.buf, (const int64_t *)vo.buf,
+                         (const int64_t *)vl.buf, (const int64_t *)vt.buf, n, hdr, verify,
+                         include_tags, include_meta, include_data);
+    }
+    PyBuffer_Release(&vt);
+done3:
+    PyBuffer_Release(&vl);
+done2:
+    PyBuffer_Release(&vo);
+done1:
+    PyBuffer_Release(&vs);
+done0:
+    PyBuffer_Release(&buf);
+    return res;
+}
+
+static PyMethodDef methods[] = {
+    {"render", render, METH_VARARGS,
+     "render(out, buf, base, seqs, offs, lens, tss, hdr, verify, include_tags, include_meta,"
+     " include_data) -> None | (index, reason)\n\nAppend each record's wire object to out."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_render", "Compiled record rendering (docs/FORMATS.md).", -1,
+    methods,
+};
+
+PyMODINIT_FUNC PyInit__render(void) {
+    const uint16_t probe = 1;
+    if (*(const unsigned char *)&probe != 1) {
+        PyErr_SetString(PyExc_ImportError, "_render needs a little-endian host");
+        return NULL;
+    }
+    return PyModule_Create(&module);
+}
