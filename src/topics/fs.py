@@ -66,6 +66,14 @@ class File(Protocol):
         """
         ...
 
+    def no_readahead(self) -> None:
+        """Read only the bytes asked for from this handle: no speculative readahead.
+
+        For reads of history that pace their own I/O (docs/ARCHITECTURE.md, "The
+        read path"); a hint, so a `Fs` without one may ignore it.
+        """
+        ...
+
     def lock(self) -> bool:
         """Take an exclusive advisory lock on the file without waiting.
 

@@ -891,6 +891,9 @@ class _GateFile:
     def map(self) -> Any:
         return self.inner.map()
 
+    def no_readahead(self) -> None:
+        self.inner.no_readahead()
+
     def lock(self) -> bool:
         return bool(self.inner.lock())
 

@@ -741,6 +741,9 @@ class FakeFile:
         """Never: an in-memory file has no descriptor to map (readers use pread)."""
         return None
 
+    def no_readahead(self) -> None:
+        """Nothing to do: an in-memory file reads nothing ahead."""
+
     def lock(self) -> bool:
         with self.disk._lock:
             node = self._node()
@@ -1003,6 +1006,9 @@ class FaultFile:
         """Never: a mapped read would bypass the `pread` faults."""
         return None
 
+    def no_readahead(self) -> None:
+        self.inner.no_readahead()
+
     def lock(self) -> bool:
         return self.inner.lock()
 
@@ -1203,6 +1209,9 @@ class MonitorFile:
 
     def map(self) -> mmap.mmap | None:
         return self.inner.map()  # reads are not watched
+
+    def no_readahead(self) -> None:
+        self.inner.no_readahead()
 
     def lock(self) -> bool:
         return self.inner.lock()

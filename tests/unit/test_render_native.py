@@ -213,3 +213,30 @@ def test_rejects_mismatched_columns():
             True,
             True,
         )
+
+
+@pytest.mark.parametrize("segment", [True, False])
+def test_large_runs_render_alike(segment):
+    # past the size where the compiled renderer lets go of the GIL while it copies
+    recs = [
+        (
+            {"k": "v" * (900 + k)},
+            {"m": k} if k % 3 else None,
+            "n\n" if k % 5 else None,
+            "t" if k % 2 else None,
+            1_700_000_000_000 + k,
+        )
+        for k in range(300)
+    ]
+    buf, offs, lens = _frames(recs, segment, 1)
+    src = _Src(buf, SEG_HDR if segment else WAL_HDR, True)
+    seqs = list(range(1, 301))
+    tss = [r[4] for r in recs]
+    opts = {"include_tags": True, "include_meta": True, "include_data": True}
+    py, nat = _both(src, seqs, offs, lens, tss, **opts)
+    assert py == nat and py[0] == "ok" and len(nat[1]) == 300
+    damaged = bytearray(buf)
+    damaged[offs[250] + 60] ^= 1
+    py, nat = _both(_Src(bytes(damaged), src.hdr, True), seqs, offs, lens, tss, **opts)
+    assert py == nat and nat[:3] == ("corrupt", 251, "checksum mismatch")
+    assert len(nat[3]) == 250  # the records before the damaged one were rendered

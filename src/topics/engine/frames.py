@@ -28,6 +28,7 @@ from contextvars import ContextVar
 from typing import Any, Protocol, cast
 
 import numpy as np
+import numpy.typing as npt
 import orjson
 
 from topics.format.frame import (
@@ -52,6 +53,10 @@ __all__ = [
     "python_render",
     "collect_fields",
 ]
+
+
+#: Parallel per-record columns: a sequence of ints or an int64 array.
+Ints = Sequence[int] | npt.NDArray[np.int64]
 
 
 class FrameCorrupt(Exception):
@@ -170,18 +175,19 @@ class Chunk:
         return bytes(self.buf[lo:hi])
 
 
-def _span(src: FrameSource, offs: Sequence[int], lens: Sequence[int]) -> tuple[Buf, int]:
+def _span(src: FrameSource, offs: Ints, lens: Ints) -> tuple[Buf, int]:
     """One `span` of `src` covering every frame of a run."""
+    if isinstance(offs, np.ndarray):
+        return span_of(src, int(offs.min()), int((offs + lens).max()))
     return span_of(src, min(offs), max(o + ln for o, ln in zip(offs, lens, strict=True)))
 
 
 def render_frames(
     src: FrameSource,
-    seqs: Sequence[int],
-    offs: Sequence[int],
-    lens: Sequence[int],
-    flags: Sequence[int],
-    tss: Sequence[int],
+    seqs: Ints,
+    offs: Ints,
+    lens: Ints,
+    tss: Ints,
     out: list[bytes],
     node_json: dict[bytes, bytes],
     *,
@@ -191,10 +197,11 @@ def render_frames(
 ) -> None:
     """Append the wire object (docs/API.md, "4. Records") of each record to `out`.
 
-    The five sequences run in parallel, one entry per record of `src`
-    (`offs`/`lens` locate its frame, `flags` are slot flags, `tss` its ts in ms).
-    What a record carries is read from its frame's own flags byte (a slot's
-    flags, loaded from `.idx`, are a hint that a torn delete flip can spoil).
+    The four sequences run in parallel, one entry per record of `src`
+    (`offs`/`lens` locate its frame in bytes, `tss` its ts in ms); numpy int64
+    arrays avoid a conversion. What a record carries is read from its frame's
+    own flags byte (a slot's flags, loaded from `.idx`, are a hint that a torn
+    delete flip can spoil).
     One `span` covers the run. Raises FrameCorrupt when a verified source holds
     a bad frame, OSError when it cannot be read.
     """
@@ -225,16 +232,20 @@ def render_frames(
         src,
         buf,
         base,
-        seqs,
-        offs,
-        lens,
-        tss,
+        _list(seqs),
+        _list(offs),
+        _list(lens),
+        _list(tss),
         out,
         node_json,
         include_tags=include_tags,
         include_meta=include_meta,
         include_data=include_data,
     )
+
+
+def _list(xs: Ints) -> Sequence[int]:
+    return xs.tolist() if isinstance(xs, np.ndarray) else xs
 
 
 def python_render(

@@ -941,9 +941,13 @@ class Topic:
         scanned = 0
         sources = self.sources
         node_json = self._nodes.json_by_bytes
+        # The first window is sized to what the read still wants; windows double
+        # while skipped records leave it short, up to READ_CHUNK slots.
+        span = limit + 16
         while len(out) < limit and nxt < stop:
             pos = nxt + 1 - base
-            count = min(stop - nxt, READ_CHUNK)
+            count = min(stop - nxt, READ_CHUNK, span)
+            span *= 2
             w = idx.window(pos, count)
             flags = w["flags"]
             skip = flags == DELETED
@@ -976,22 +980,20 @@ class Topic:
                 if take:
                     chosen = deliver[:take]
                     used = int(cs[take - 1])
-                    s0 = nxt + 1
-                    c_seqs = (chosen + s0).tolist()
+                    c_seqs = chosen + (nxt + 1)
                     c_locs = w["loc"][chosen]
-                    c_offs = w["offset"][chosen].tolist()
-                    c_lens = w["len"][chosen].tolist()
-                    c_flags = w["flags"][chosen].tolist()
-                    c_ts = w["ts"][chosen].tolist()
+                    c_offs = w["offset"][chosen].astype(np.int64)
+                    c_lens = w["len"][chosen].astype(np.int64)
+                    c_ts = w["ts"][chosen].astype(np.int64)
                     cuts = [0, *(np.flatnonzero(c_locs[1:] != c_locs[:-1]) + 1).tolist(), take]
                     for a, z in zip(cuts, cuts[1:], strict=False):
                         if fields:
                             collect_fields(
                                 sources[int(c_locs[a])],
-                                c_seqs[a:z],
-                                c_offs[a:z],
-                                c_lens[a:z],
-                                c_ts[a:z],
+                                c_seqs[a:z].tolist(),
+                                c_offs[a:z].tolist(),
+                                c_lens[a:z].tolist(),
+                                c_ts[a:z].tolist(),
                                 out,
                             )
                             continue
@@ -1000,7 +1002,6 @@ class Topic:
                             c_seqs[a:z],
                             c_offs[a:z],
                             c_lens[a:z],
-                            c_flags[a:z],
                             c_ts[a:z],
                             out,
                             node_json,
@@ -1008,7 +1009,7 @@ class Topic:
                             include_meta=include_meta,
                             include_data=include_data,
                         )
-                    seqs.extend(c_seqs)
+                    seqs.extend(c_seqs.tolist())
             scanned += stop_pos + 1
             nxt = nxt + stop_pos + 1
             if stopped:

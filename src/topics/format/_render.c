@@ -21,6 +21,10 @@
  * Returns None when every record rendered, else (i, reason) for the first
  * record i that could not be (records before it were appended). Bounds are
  * always checked, whether or not `verify` is set.
+ *
+ * A large run is checked and copied without the GIL (the buffers stay exported,
+ * so none of them can be resized or closed meanwhile); only the allocation of
+ * the bytes objects and the appends hold it.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -127,102 +131,165 @@ static int get_i64(PyObject *obj, Py_buffer *view, const char *what) {
     return 0;
 }
 
-static PyObject *bad(Py_ssize_t i, const char *why) {
-    return Py_BuildValue("(ns)", i, why);
-}
+/* One record's parts, found by the planning pass. */
+typedef struct {
+    const unsigned char *node, *tag, *data, *meta;
+    Py_ssize_t nl, tl, dl, ml, size;
+} Part;
 
-static PyObject *render_run(PyObject *out, const unsigned char *b, Py_ssize_t blen,
-                            int64_t base, const int64_t *seqs, const int64_t *offs,
-                            const int64_t *lens, const int64_t *tss, Py_ssize_t n, int hdr,
-                            int verify, int include_tags, int include_meta,
-                            int include_data) {
-    const int plain_ok = include_data && !include_tags;
-    char num[48];
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int64_t o64 = offs[i] - base, ln64 = lens[i];
-        if (ln64 < hdr + CRC || o64 < 0 || o64 > blen || ln64 > blen - o64)
-            return bad(i, "frame outside the file");
-        Py_ssize_t o = (Py_ssize_t)o64, ln = (Py_ssize_t)ln64;
-        const unsigned char *f = b + o;
-        Py_ssize_t end = ln - CRC; /* relative to f */
-        if (verify) {
-            if ((int64_t)rd32(f) != ln64 - 4)
-                return bad(i, "frame_len does not match the indexed length");
-            if (rd64(f + hdr - SEQ_BACK) != (uint64_t)seqs[i])
-                return bad(i, "frame carries another seq");
-            if (XXH3_64bits(f + 4, (size_t)(end - 4)) != rd64(f + end))
-                return bad(i, "checksum mismatch");
+typedef struct {
+    const unsigned char *b;
+    Py_ssize_t blen;
+    int64_t base;
+    const int64_t *seqs, *offs, *lens, *tss;
+    Py_ssize_t n;
+    int hdr, verify, include_tags, include_meta, include_data;
+} Run;
+
+/* Check and measure every record (no Python objects touched: runs without the GIL).
+ * Returns the index of the first bad record with *why set, or -1. */
+static Py_ssize_t plan(const Run *r, Part *parts, const char **why) {
+    const int plain_ok = r->include_data && !r->include_tags;
+    char num[24];
+    for (Py_ssize_t i = 0; i < r->n; i++) {
+        Part *pt = &parts[i];
+        int64_t o64 = r->offs[i] - r->base, ln64 = r->lens[i];
+        if (ln64 < r->hdr + CRC || o64 < 0 || o64 > r->blen || ln64 > r->blen - o64) {
+            *why = "frame outside the file";
+            return i;
+        }
+        const unsigned char *f = r->b + o64;
+        const int hdr = r->hdr;
+        Py_ssize_t end = (Py_ssize_t)ln64 - CRC; /* relative to f */
+        if (r->verify) {
+            if ((int64_t)rd32(f) != ln64 - 4) {
+                *why = "frame_len does not match the indexed length";
+                return i;
+            }
+            if (rd64(f + hdr - SEQ_BACK) != (uint64_t)r->seqs[i]) {
+                *why = "frame carries another seq";
+                return i;
+            }
+            if (XXH3_64bits(f + 4, (size_t)(end - 4)) != rd64(f + end)) {
+                *why = "checksum mismatch";
+                return i;
+            }
         }
         unsigned flags = f[hdr - FLAGS_BACK];
-        /* the record's fields */
-        const unsigned char *node = NULL, *tag = NULL, *data, *meta = NULL;
-        Py_ssize_t nl = 0, tl = 0, dl, ml = 0;
+        pt->node = pt->tag = pt->meta = NULL;
+        pt->nl = pt->tl = pt->ml = 0;
         if (plain_ok && !(flags & F_RECORD_MASK)) {
-            data = f + hdr;
-            dl = end - hdr;
+            pt->data = f + hdr;
+            pt->dl = end - hdr;
         } else {
             Py_ssize_t p = hdr;
             Py_ssize_t nlen = rd16(f + hdr - LENS_BACK), tlen = rd16(f + hdr - LENS_BACK + 2);
-            if (nlen + tlen > end - p) return bad(i, "lengths inconsistent with frame_len");
-            if (flags & F_HAS_NODE) { node = f + p; nl = nlen; }
+            if (nlen + tlen > end - p) {
+                *why = "lengths inconsistent with frame_len";
+                return i;
+            }
+            if (flags & F_HAS_NODE) { pt->node = f + p; pt->nl = nlen; }
             p += nlen;
-            if (flags & F_HAS_TAG) { tag = f + p; tl = tlen; }
+            if (flags & F_HAS_TAG) { pt->tag = f + p; pt->tl = tlen; }
             p += tlen;
             if (flags & F_HAS_META) {
-                if (end - p < 4) return bad(i, "meta_len inconsistent with data_len");
-                Py_ssize_t m = (Py_ssize_t)rd32(f + p);
-                if (m > end - p - 4) return bad(i, "meta_len inconsistent with data_len");
-                meta = f + p + 4;
-                ml = m;
-                data = meta + m;
-                dl = end - (p + 4 + m);
+                Py_ssize_t m = end - p < 4 ? -1 : (Py_ssize_t)rd32(f + p);
+                if (m < 0 || m > end - p - 4) {
+                    *why = "meta_len inconsistent with data_len";
+                    return i;
+                }
+                pt->meta = f + p + 4;
+                pt->ml = m;
+                pt->data = pt->meta + m;
+                pt->dl = end - (p + 4 + m);
             } else {
-                data = f + p;
-                dl = end - p;
+                pt->data = f + p;
+                pt->dl = end - p;
             }
         }
-        /* size it */
-        Py_ssize_t ns = put_i64(num, seqs[i]);
-        Py_ssize_t nt = put_i64(num + 24, tss[i]);
-        Py_ssize_t size = 8 + ns + 7 + nt + 1; /* {"$seq":N,"$ts":T} */
-        if (node) size += 9 + json_str_len(node, nl);
-        if (include_tags && tag) size += 8 + json_str_len(tag, tl);
-        if (include_data) size += 8 + dl;
-        if (include_meta && meta) size += 8 + ml;
-        PyObject *rec = PyBytes_FromStringAndSize(NULL, size);
-        if (rec == NULL) return NULL;
-        char *w = PyBytes_AS_STRING(rec);
-        memcpy(w, "{\"$seq\":", 8); w += 8;
-        memcpy(w, num, (size_t)ns); w += ns;
-        memcpy(w, ",\"$ts\":", 7); w += 7;
-        memcpy(w, num + 24, (size_t)nt); w += nt;
-        if (node) {
-            memcpy(w, ",\"$node\":", 9); w += 9;
-            w = put_json_str(w, node, nl);
-        }
-        if (include_tags && tag) {
-            memcpy(w, ",\"$tag\":", 8); w += 8;
-            w = put_json_str(w, tag, tl);
-        }
-        if (include_data) {
-            memcpy(w, ",\"data\":", 8); w += 8;
-            memcpy(w, data, (size_t)dl); w += dl;
-        }
-        if (include_meta && meta) {
-            memcpy(w, ",\"meta\":", 8); w += 8;
-            memcpy(w, meta, (size_t)ml); w += ml;
-        }
-        *w++ = '}';
-        if (w - PyBytes_AS_STRING(rec) != size) {
-            Py_DECREF(rec);
-            PyErr_SetString(PyExc_SystemError, "render: size mismatch");
-            return NULL;
-        }
-        int r = PyList_Append(out, rec);
-        Py_DECREF(rec);
-        if (r < 0) return NULL;
+        /* {"$seq":N,"$ts":T} plus the optional members */
+        Py_ssize_t size = 8 + put_i64(num, r->seqs[i]) + 7 + put_i64(num, r->tss[i]) + 1;
+        if (pt->node) size += 9 + json_str_len(pt->node, pt->nl);
+        if (r->include_tags && pt->tag) size += 8 + json_str_len(pt->tag, pt->tl);
+        if (r->include_data) size += 8 + pt->dl;
+        if (r->include_meta && pt->meta) size += 8 + pt->ml;
+        pt->size = size;
     }
-    Py_RETURN_NONE;
+    return -1;
+}
+
+/* Write record i into dst (exactly parts[i].size bytes; runs without the GIL). */
+static void fill(const Run *r, const Part *pt, Py_ssize_t i, char *w) {
+    memcpy(w, "{\"$seq\":", 8); w += 8;
+    w += put_i64(w, r->seqs[i]);
+    memcpy(w, ",\"$ts\":", 7); w += 7;
+    w += put_i64(w, r->tss[i]);
+    if (pt->node) {
+        memcpy(w, ",\"$node\":", 9); w += 9;
+        w = put_json_str(w, pt->node, pt->nl);
+    }
+    if (r->include_tags && pt->tag) {
+        memcpy(w, ",\"$tag\":", 8); w += 8;
+        w = put_json_str(w, pt->tag, pt->tl);
+    }
+    if (r->include_data) {
+        memcpy(w, ",\"data\":", 8); w += 8;
+        memcpy(w, pt->data, (size_t)pt->dl); w += pt->dl;
+    }
+    if (r->include_meta && pt->meta) {
+        memcpy(w, ",\"meta\":", 8); w += 8;
+        memcpy(w, pt->meta, (size_t)pt->ml); w += pt->ml;
+    }
+    *w = '}';
+}
+
+/* Runs this large (bytes of frames) check and copy without holding the GIL, so
+ * the other threads of the process (the WAL writers) are not held up meanwhile. */
+#define NOGIL_BYTES (64 * 1024)
+
+static PyObject *render_run(PyObject *out, const Run *r) {
+    Part *parts = PyMem_Malloc(sizeof(Part) * (size_t)(r->n ? r->n : 1));
+    PyObject **objs = PyMem_Malloc(sizeof(PyObject *) * (size_t)(r->n ? r->n : 1));
+    PyObject *res = NULL;
+    if (parts == NULL || objs == NULL) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    int64_t total = 0;
+    for (Py_ssize_t i = 0; i < r->n; i++) total += r->lens[i] > 0 ? r->lens[i] : 0;
+    const int nogil = total >= NOGIL_BYTES;
+    const char *why = NULL;
+    Py_ssize_t badi;
+    if (nogil) {
+        Py_BEGIN_ALLOW_THREADS
+        badi = plan(r, parts, &why);
+        Py_END_ALLOW_THREADS
+    } else {
+        badi = plan(r, parts, &why);
+    }
+    Py_ssize_t good = badi < 0 ? r->n : badi;
+    Py_ssize_t made = 0;
+    for (; made < good; made++) {
+        objs[made] = PyBytes_FromStringAndSize(NULL, parts[made].size);
+        if (objs[made] == NULL) goto drop;
+    }
+    if (nogil) {
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < good; i++) fill(r, &parts[i], i, PyBytes_AS_STRING(objs[i]));
+        Py_END_ALLOW_THREADS
+    } else {
+        for (Py_ssize_t i = 0; i < good; i++) fill(r, &parts[i], i, PyBytes_AS_STRING(objs[i]));
+    }
+    for (Py_ssize_t i = 0; i < good; i++) {
+        if (PyList_Append(out, objs[i]) < 0) goto drop;
+    }
+    res = badi < 0 ? Py_NewRef(Py_None) : Py_BuildValue("(ns)", badi, why);
+drop:
+    for (Py_ssize_t i = 0; i < made; i++) Py_DECREF(objs[i]);
+out:
+    PyMem_Free(parts);
+    PyMem_Free(objs);
+    return res;
 }
 
 static PyObject *render(PyObject *self, PyObject *args) {
@@ -248,10 +315,11 @@ static PyObject *render(PyObject *self, PyObject *args) {
     if (vo.len / 8 != n || vl.len / 8 != n || vt.len / 8 != n) {
         PyErr_SetString(PyExc_ValueError, "seqs, offs, lens and tss differ in length");
     } else {
-        res = render_run(out, (const unsigned char *)buf.buf, buf.len, (int64_t)base,
-                         (const int64_t *)vs.buf, (const int64_t *)vo.buf,
-                         (const int64_t *)vl.buf, (const int64_t *)vt.buf, n, hdr, verify,
-                         include_tags, include_meta, include_data);
+        Run r = {(const unsigned char *)buf.buf, buf.len, (int64_t)base,
+                 (const int64_t *)vs.buf, (const int64_t *)vo.buf, (const int64_t *)vl.buf,
+                 (const int64_t *)vt.buf, n, hdr, verify, include_tags, include_meta,
+                 include_data};
+        res = render_run(out, &r);
     }
     PyBuffer_Release(&vt);
 done3:

@@ -361,10 +361,17 @@ class TopicsApp:
                 {
                     "type": "http.response.start",
                     "status": resp.status,
-                    "headers": [*resp.headers, (b"content-length", b"%d" % len(resp.body))],
+                    "headers": [*resp.headers, (b"content-length", b"%d" % resp.length)],
                 }
             )
-            await send({"type": "http.response.body", "body": resp.body})
+            if resp.pieces is None:
+                await send({"type": "http.response.body", "body": resp.body})
+                return
+            for k, piece in enumerate(resp.pieces):
+                if k and resp.pace is not None:
+                    await resp.pace()
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
 
     def _admit(self, principal: Principal, m: Match) -> bytes | None:
         """The per-key in-flight cap: 429 over it; returns the key holding a slot

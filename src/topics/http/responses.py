@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import orjson
@@ -15,14 +16,33 @@ JSON_CT = (b"content-type", b"application/json")
 
 
 class Resp:
-    """A complete (non-streaming) HTTP response."""
+    """A complete HTTP response: its length is known before the first byte goes out.
 
-    __slots__ = ("status", "body", "headers")
+    The body is `body`, or, when `pieces` is set, the bytes it yields one after
+    another (`length` in all, `body` empty): the app sends each piece as it is
+    produced and awaits `pace` between two pieces, so a large body does not
+    hold the event loop for its whole length (docs/ARCHITECTURE.md, "The read
+    path").
+    """
 
-    def __init__(self, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    __slots__ = ("status", "body", "headers", "pieces", "length", "pace")
+
+    def __init__(
+        self,
+        status: int,
+        body: bytes,
+        headers: list[tuple[bytes, bytes]],
+        *,
+        pieces: Iterator[bytes] | None = None,
+        length: int | None = None,
+        pace: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self.status = status
         self.body = body
         self.headers = headers
+        self.pieces = pieces
+        self.length = len(body) if length is None else length
+        self.pace = pace
 
 
 def perf(t0: float, **extra: Any) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from functools import partial
 
@@ -138,19 +139,13 @@ async def write(ctx: Ctx) -> Resp:
     )
 
 
-def render_diff(t: Topic, r: ReadResult, t0: float) -> bytes:
-    """Splice stored record fragments into a diff response body.
-
-    See docs/API.md, "8.1 `POST /v0/topics/:topic/diff`".
-    """
+def _diff_ends(t: Topic, r: ReadResult, t0: float) -> tuple[bytes, bytes]:
+    """The bytes of a diff body before and after its records."""
     tomb = b"null" if r.tombstone is None else orjson.dumps(r.tombstone.to_wire())
     total = (time.perf_counter() - t0) * 1000
-    return b"".join(
+    head = b'{"topic":' + t.name_json + b',"records":['
+    tail = b"".join(
         (
-            b'{"topic":',
-            t.name_json,
-            b',"records":[',
-            b",".join(r.records),
             b'],"next_from_seq":%d,"head_seq":%d,"earliest_seq":%d,"caught_up":%s,"tombstone":'
             % (
                 r.next_from_seq,
@@ -163,6 +158,52 @@ def render_diff(t: Topic, r: ReadResult, t0: float) -> bytes:
             % (r.lag, total, r.scanned),
         )
     )
+    return head, tail
+
+
+def render_diff(t: Topic, r: ReadResult, t0: float) -> bytes:
+    """Splice stored record fragments into a diff response body.
+
+    See docs/API.md, "8.1 `POST /v0/topics/:topic/diff`".
+    """
+    head, tail = _diff_ends(t, r, t0)
+    return b"".join((head, b",".join(r.records), tail))
+
+
+#: Bytes of records a long diff body carries per piece (see :func:`diff_response`).
+DIFF_PIECE_BYTES = 128 * 1024
+
+
+def diff_response(t: Topic, r: ReadResult, t0: float) -> Resp:
+    """The 200 response of a diff pass: one body, or for a long page a body in pieces.
+
+    A page of more than :data:`DIFF_SLICE` records is sent in pieces of about
+    :data:`DIFF_PIECE_BYTES`, each joined when it goes out, and every piece
+    after the first is a step of the history lane (:class:`HistoryGate`), so
+    copying a 1 MiB page into the socket never holds the loop in one go. The
+    bytes are those of :func:`render_diff`.
+    """
+    recs = r.records
+    if len(recs) <= DIFF_SLICE:
+        return Resp(200, render_diff(t, r, t0), [JSON_CT])
+    head, tail = _diff_ends(t, r, t0)
+    length = len(head) + sum(map(len, recs)) + len(recs) - 1 + len(tail)
+
+    def pieces() -> Iterator[bytes]:
+        n = len(recs)
+        i = 0
+        sep = head
+        while i < n:
+            j, size = i, 0
+            while j < n and size < DIFF_PIECE_BYTES:
+                size += len(recs[j])
+                j += 1
+            part = b"".join((sep, b",".join(recs[i:j])))
+            sep = b","
+            i = j
+            yield part + tail if i >= n else part
+
+    return Resp(200, b"", [JSON_CT], pieces=pieces(), length=length, pace=history_gate.turn)
 
 
 #: Records a diff renders per step of the loop: a long page is read in slices with
@@ -230,7 +271,9 @@ async def diff(ctx: Ctx) -> Resp:
     if p.wait_ms > 0 and not r.records and r.tombstone is None and r.caught_up:
         await wait_topic(t, p.wait_ms / 1000)
         t, r = await read_diff(eng, name, p)
-    return Resp(200, render_diff(t, r, ctx.t0), [JSON_CT])
+    if len(r.records) > DIFF_SLICE:
+        await history_gate.turn()  # sending a long page is a step of its own
+    return diff_response(t, r, ctx.t0)
 
 
 async def delete_records(ctx: Ctx) -> Resp:

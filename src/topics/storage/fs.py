@@ -62,6 +62,9 @@ class RealFile:
             return None  # mmap refuses an empty file
         return mmap.mmap(self.fd, size, access=mmap.ACCESS_READ)
 
+    def no_readahead(self) -> None:
+        os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)
+
     def lock(self) -> bool:
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

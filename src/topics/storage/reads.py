@@ -20,7 +20,6 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import TypeVar
 
 from topics.engine.frames import ColdRead, ReadAhead, read_ahead
@@ -33,8 +32,9 @@ T = TypeVar("T")
 
 #: Threads reading segment files for reads off the loop (at most this many preads at once).
 READ_THREADS = 4
-#: Least bytes one fetch reads (a page of small records in one trip to the pool).
-READ_AHEAD_BYTES = 256 * 1024
+#: Least bytes one fetch reads: a whole diff page at the largest budget (1 MiB) in one
+#: trip to the pool, so the slices after the first find their bytes at hand.
+READ_AHEAD_BYTES = 1024 * 1024 + 64 * 1024
 #: Fetches one read may need before it runs with blocking reads on the loop instead
 #: (a read touches one span per segment it crosses; this is far above that).
 MAX_FETCHES = 64
@@ -83,14 +83,16 @@ class ReadPool:
             try:
                 return read()
             except ColdRead as need:
-                miss = need
+                # Keep the span, not the exception: its traceback holds this frame,
+                # a cycle only the garbage collector would free.
+                src, lo, need_hi = need.source, need.lo, need.hi
             finally:
                 read_ahead.reset(token)
-            hi = max(miss.hi, miss.lo + READ_AHEAD_BYTES)  # short at the end of the file
-            buf = await loop.run_in_executor(self._executor(), miss.source.fetch, miss.lo, hi)
+            hi = max(need_hi, lo + READ_AHEAD_BYTES)  # short at the end of the file
+            buf = await loop.run_in_executor(self._executor(), src.fetch, lo, hi)
             self.fetches += 1
             self.fetched_bytes += len(buf)
-            ahead.add(miss.source, miss.lo, buf)
+            ahead.add(src, lo, buf)
         log.warning("a read needed more than %d segment fetches; reading on the loop", MAX_FETCHES)
         return read()
 
@@ -109,23 +111,30 @@ read_pool = ReadPool()
 #: Longest a historical read step waits for writes in flight (s): writes keep priority
 #: without starving a scan when they never stop.
 HISTORY_MAX_WAIT_S = 0.002
-
-
 #: A historical step shorter than this (s) is not paced, only yielded after.
 HISTORY_PACE_MIN_S = 0.0002
-#: When the current task's historical step began (loop time), for pacing.
-_step_started: ContextVar[float | None] = ContextVar("topics_history_step", default=None)
+#: A lane held longer than this (s) without its holder's next turn counts as free:
+#: a holder that went quiet (a stream caught up) never wedges the others.
+HISTORY_LANE_MAX_S = 0.005
 
 
 class HistoryGate:
-    """Historical reads give way to writes waiting for their commit.
+    """Historical reads take turns in one lane, after live work (docs/ARCHITECTURE.md).
 
-    A write (HTTP, WebSocket or Kafka produce) holds :meth:`write` while it waits
-    for its commit point; a read catching up on history calls :meth:`turn` before
-    each slice after the first. While any write is in flight the slice waits until
-    none is (at most :data:`HISTORY_MAX_WAIT_S`), so the loop is free when the
-    commit lands and the ack goes out at once; otherwise it only yields to the
-    loop. Reads at the head never wait (docs/ARCHITECTURE.md, "The read path").
+    A read catching up on history (a diff page far behind the head, an SSE or
+    WebSocket catch-up, a Kafka fetch of old offsets) calls :meth:`turn` before
+    each step: a slice of records, the rendering of a response. Steps of all
+    such reads pass one at a time, so between two of them the loop runs
+    everything else that is ready: a live request waits behind one step at
+    most, never behind one step of each scanning client. A step that kept the
+    loop `t` seconds closes the lane for `t` more (once `t` exceeds
+    :data:`HISTORY_PACE_MIN_S`): history takes at most about half of the loop.
+
+    A write (HTTP, WebSocket or Kafka produce) holds :meth:`write` while it
+    waits for its commit point; while any is in flight the next step waits
+    (at most :data:`HISTORY_MAX_WAIT_S`), so the loop is free when the commit
+    lands. A step ends at its task's next :meth:`turn`, when the task ends, or
+    after :data:`HISTORY_LANE_MAX_S`. Reads at the head never call it.
     Loop-only, like the engine.
     """
 
@@ -133,6 +142,9 @@ class HistoryGate:
         self.writes = 0
         self._idle: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._holder: asyncio.Task[object] | None = None
+        self._started = 0.0  # loop time the holder's step began
+        self._next = 0.0  # loop time before which no step may begin (pacing)
 
     @contextmanager
     def write(self) -> Iterator[None]:
@@ -145,27 +157,46 @@ class HistoryGate:
             if not self.writes and self._idle is not None:
                 self._idle.set()
 
-    async def turn(self) -> None:
-        """Before a historical read step: yield, and wait while writes are in flight.
+    def _close_step(self, now: float) -> None:
+        took = now - self._started
+        if took > HISTORY_PACE_MIN_S:
+            self._next = max(self._next, now + min(took, HISTORY_LANE_MAX_S))
+        self._holder = None
 
-        Paced too: a step that kept the loop busy for `t` seconds is followed by a
-        pause of `t` (once it exceeds :data:`HISTORY_PACE_MIN_S`), so history takes
-        at most about half of the loop while live work is waiting for the rest.
-        """
+    def _lane_busy(self, me: asyncio.Task[object] | None, now: float) -> bool:
+        h = self._holder
+        if h is None:
+            return False
+        if h is me or h.done() or now - self._started > HISTORY_LANE_MAX_S:
+            self._close_step(now)
+            return False
+        return True
+
+    async def turn(self) -> None:
+        """Before a historical read step: wait for the lane, the pace and writes in flight."""
         loop = asyncio.get_running_loop()
-        now = loop.time()
-        last = _step_started.get()
-        if last is not None and now - last > HISTORY_PACE_MIN_S:
-            await asyncio.sleep(now - last)
-        try:
-            await self._wait_writes(loop)
-        finally:
-            _step_started.set(loop.time())
+        me = asyncio.current_task()
+        if self._holder is me:
+            self._close_step(loop.time())
+        await asyncio.sleep(0)  # always yield: what is ready runs first
+        waited_writes = False
+        while True:
+            now = loop.time()
+            if self._lane_busy(me, now):
+                await asyncio.sleep(HISTORY_PACE_MIN_S)
+                continue
+            if now < self._next:
+                await asyncio.sleep(self._next - now)
+                continue
+            if self.writes and not waited_writes:
+                waited_writes = True
+                await self._wait_writes(loop)
+                continue
+            break
+        self._holder = me
+        self._started = loop.time()
 
     async def _wait_writes(self, loop: asyncio.AbstractEventLoop) -> None:
-        if not self.writes:
-            await asyncio.sleep(0)
-            return
         if self._idle is None or self._loop is not loop:
             self._idle, self._loop = asyncio.Event(), loop
         self._idle.clear()

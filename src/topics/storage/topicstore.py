@@ -53,6 +53,7 @@ from topics.format.idx import (
     IDX_FLAGS_OFFSET,
 )
 from topics.storage.fs import File, Fs, read_file, write_all
+from topics.storage.iogate import READ_PIECE_BYTES, io_gate
 from topics.storage.segment import (
     IDX_ENTRY_SIZE,
     SegmentWriter,
@@ -241,11 +242,24 @@ class SegmentSource:
 
         For reads off the event loop (:mod:`topics.storage.reads`): neither the
         pool's lock nor a map is held while the disk answers, so a slow read
-        stalls nobody else. Raises OSError when the file cannot be read.
+        stalls nobody else. Large spans are read in pieces that give way to WAL
+        syncs (:mod:`topics.storage.iogate`), without kernel readahead. Short at
+        the end of the file. Raises OSError when the file cannot be read.
         """
         f = self.fs.open(self.name)
         try:
-            return f.pread(hi - lo, lo)
+            f.no_readahead()
+            if hi - lo <= READ_PIECE_BYTES:
+                io_gate.before_read()
+                return f.pread(hi - lo, lo)
+            parts = []
+            for at in range(lo, hi, READ_PIECE_BYTES):
+                io_gate.before_read()
+                part = f.pread(min(READ_PIECE_BYTES, hi - at), at)
+                parts.append(part)
+                if len(part) < READ_PIECE_BYTES:
+                    break  # the end of the file
+            return b"".join(parts)
         finally:
             f.close()
 

@@ -67,6 +67,7 @@ from topics.format.frame import (
     scan_columns,
 )
 from topics.storage.fs import Data, File, Fs, list_names, write_all, write_file
+from topics.storage.iogate import io_gate
 
 __all__ = [
     "WalShard",
@@ -935,7 +936,8 @@ class WalShard:
         try:
             t0 = self.clock.monotonic()
             offset = self._offset
-            self._file.fdatasync()
+            with io_gate.sync():
+                self._file.fdatasync()
             self.metrics.observe_fsync(int((self.clock.monotonic() - t0) * 1e6))
             self._dirty = False
             self._synced_offset = offset
@@ -1195,7 +1197,8 @@ class WalShard:
         assert self._file is not None
         offset = self._offset
         try:
-            self._file.fdatasync()
+            with io_gate.sync():
+                self._file.fdatasync()
         except OSError as exc:
             self._sync_failed(f"fdatasync failed: {exc}")
             raise
