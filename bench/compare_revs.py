@@ -41,6 +41,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,7 @@ def prepare_tree(repo: Path, rev: str, dest: Path) -> dict[str, Any]:
         tar.extractall(dest, filter="data")
     if proc.wait() != 0:
         raise RuntimeError(f"git archive {commit} failed")
+    build_extensions(dest)
     return {
         "rev": rev,
         "commit": commit,
@@ -104,6 +106,28 @@ def prepare_tree(repo: Path, rev: str, dest: Path) -> dict[str, Any]:
         "path": str(dest),
         "exported": True,
     }
+
+
+def build_extensions(tree: Path) -> None:
+    """Build an exported tree's compiled modules in place (trees with a `setup.py`).
+
+    `pip wheel` builds in an isolated environment (the tree's own build
+    requirements); the extension modules found in the wheel are copied next to
+    their sources, where `PYTHONPATH=<tree>/src` imports them.
+    """
+    if not (tree / "setup.py").exists():
+        return
+    with tempfile.TemporaryDirectory(prefix="topics-wheel-") as tmp:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", tmp, str(tree)],
+            check=True,
+            capture_output=True,
+        )
+        for whl in Path(tmp).glob("*.whl"):
+            with zipfile.ZipFile(whl) as z:
+                for member in z.namelist():
+                    if member.endswith(".so") or member.endswith(".pyd"):
+                        (tree / "src" / member).write_bytes(z.read(member))
 
 
 def tree_env(tree: Path) -> dict[str, str]:

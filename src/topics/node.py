@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from topics.auth import Authenticator
@@ -42,6 +43,7 @@ from topics.engine.routers import RouterSet
 from topics.engine.watch import WatchRegistry
 
 if TYPE_CHECKING:
+    from topics.engine.frames import FrameSource
     from topics.engine.topic import PendingWrite
     from topics.storage.fs import Fs
     from topics.storage.journal import WalJournal
@@ -132,6 +134,7 @@ class Node:
         self.router_retry_s = router_retry_s
         self._lock: DataDirLock | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._forwarding: set[asyncio.Task[None]] = set()
         self.running = False
 
     @classmethod
@@ -182,7 +185,7 @@ class Node:
         loop = asyncio.get_running_loop()
         # Publication schedules forwarding (whichever shell wrote); the periodic
         # pass only retries sources that could not move.
-        self.routers.schedule = loop.call_soon
+        self.routers.schedule = self._schedule_forwarding
         self._tasks.append(loop.create_task(self._router_retry()))
         self.running = True
 
@@ -222,7 +225,8 @@ class Node:
     async def _stop_background(self) -> None:
         self.running = False
         self.routers.schedule = None
-        tasks, self._tasks = self._tasks, []
+        tasks = self._tasks + list(self._forwarding)
+        self._tasks = []
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -233,6 +237,30 @@ class Node:
 
     def _on_progress(self, fraction: float) -> None:
         self.replay_progress = fraction
+
+    def _schedule_forwarding(self, drain: Callable[[], object]) -> None:
+        """Run a forwarding pass soon: on the next turn of the loop when every record
+        it reads is in memory, else once the segment spans it reads are warm
+        (a pass changes state as it reads, so it cannot stop for the disk)."""
+        loop = asyncio.get_running_loop()
+        spans = self.routers.pending_spans()
+        if not spans:
+            loop.call_soon(drain)
+            return
+        task = loop.create_task(self._warm_then(spans, drain))
+        self._forwarding.add(task)
+        task.add_done_callback(self._forwarding.discard)
+
+    @staticmethod
+    async def _warm_then(
+        spans: list[tuple[FrameSource, int, int]], drain: Callable[[], object]
+    ) -> None:
+        from topics.storage.reads import read_pool
+
+        try:
+            await read_pool.warm(spans)
+        finally:
+            drain()  # even when stopped meanwhile: the pass must not stay scheduled
 
     async def _router_retry(self) -> None:
         """Retry stalled router sources every `router_retry_s` (publication schedules the rest)."""

@@ -173,3 +173,95 @@ def test_read_ahead_refuses_an_unfetched_span_and_serves_a_fetched_one(store: Re
     # Outside a pooled read, blocking sources are read in place as before.
     buf, base = span_of(src, 0, 100)
     assert bytes(buf[0 - base : 100 - base]) == src.fetch(0, 100)
+
+
+def _frame_spans(t: Any, seqs: list[int]) -> list[tuple[Any, int, int]]:
+    """(source, offset, end) of the frames of `seqs` (from the slot index)."""
+    idx = t.index
+    arr = idx.window(0, len(idx))
+    out = []
+    for s in seqs:
+        row = arr[s - idx.base_seq]
+        out.append(
+            (t.sources[int(row["loc"])], int(row["offset"]), int(row["offset"] + row["len"]))
+        )
+    return out
+
+
+def _covered(frames: list[tuple[Any, int, int]], warmed: list[tuple[Any, int, int]]) -> bool:
+    return all(
+        any(src is ws and wl <= lo and hi <= wh for ws, wl, wh in warmed) for src, lo, hi in frames
+    )
+
+
+def test_a_claim_reads_only_spans_warmed_on_the_pool(
+    store: RealStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claims change state as they read, so their segment bytes are read ahead:
+    `Queues.claim_spans` names them and `ReadPool.warm` reads them off the loop."""
+    from topics.engine.queues import Claimer
+
+    recs = [{"data": {"job": i}} for i in range(400)]
+    store.write_many([("jobs", recs, {"type": "queue"})])
+    store.checkpoint()
+    open_files.clear()
+    eng = store.eng()
+    queues = eng.queues
+    loop_thread = threading.get_ident()
+    fetched: list[tuple[int, Any, int, int]] = []
+    real_fetch = SegmentSource.fetch
+
+    def fetch(self: SegmentSource, lo: int, hi: int) -> bytes:
+        fetched.append((threading.get_ident(), self, lo, hi))
+        return real_fetch(self, lo, hi)
+
+    monkeypatch.setattr(SegmentSource, "fetch", fetch)
+    pool = ReadPool(1)
+    spans = queues.claim_spans("jobs", 50)
+    assert spans and all(isinstance(s, SegmentSource) for s, _lo, _hi in spans)
+    store.run(pool.warm(spans))
+    pool.close()
+    assert fetched and all(tid != loop_thread for tid, *_ in fetched)
+    jobs = queues.claim_pass("jobs", [Claimer("w1", 50)], None)[0]
+    seqs = [int(j["$seq"]) for j in jobs]
+    assert seqs == list(range(1, 51))
+    assert _covered(_frame_spans(eng.require("jobs"), seqs), [f[1:] for f in fetched])
+    assert queues.claim_spans("hist", 10) == []  # not a queue
+
+
+def test_forwarding_warms_the_spans_it_reads(store: RealStore) -> None:
+    eng = store.eng()
+    routers = eng.routers
+    routers.put("copy", {"source": "feed", "dest": "copy"})  # forwards what comes next
+    recs = [{"data": {"i": i, "pad": "y" * 40}} for i in range(2000)]
+    store.write_many([("feed", recs, None)])
+    store.checkpoint()
+    open_files.clear()
+    spans = routers.pending_spans()
+    assert spans and all(isinstance(s, SegmentSource) for s, _lo, _hi in spans)
+    from topics.engine.routers import PASS_MAX_SEQS
+
+    first_pass = list(range(1, PASS_MAX_SEQS + 1))
+    assert _covered(_frame_spans(eng.require("feed"), first_pass), spans)
+    pool = ReadPool(1)
+    store.run(pool.warm(spans))
+    pool.close()
+    assert pool.fetched_bytes >= sum(hi - lo for _s, lo, hi in spans)
+    routers.drain_dirty()
+    assert eng.require("copy").head_seq == 2000
+
+
+def test_a_tag_index_rebuild_reads_warmed_spans(store: RealStore) -> None:
+    eng = store.eng()
+    t = eng.require("hist")
+    t.tags_stale()  # as after a restart: tags are read from the frames when first needed
+    spans = t.tag_spans()
+    assert spans and all(isinstance(s, SegmentSource) for s, _lo, _hi in spans)
+    tagged = list(range(1, N + 1))  # every record of the fixture has a tag
+    assert _covered(_frame_spans(t, tagged), spans)
+    pool = ReadPool(1)
+    store.run(pool.warm(spans, 1 << 30))
+    pool.close()
+    assert pool.fetched_bytes >= sum(hi - lo for _s, lo, hi in spans)
+    assert t.tags.eq("t3", N + 1) == [s for s in tagged if (s - 1) % 7 == 3]
+    assert t.tag_spans() == []  # rebuilt: nothing to warm any more

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -61,31 +62,115 @@ class KafkaProcess:
         return self.proc.log_path.read_text()
 
 
+class ResponseDropper:
+    """A TCP proxy in front of a Kafka listener that can lose Produce responses.
+
+    Started on the in-process server's loop, bound to 127.0.0.1:0; the server
+    advertises the proxy's address, so clients send every request through it.
+    While `drop_produce_responses > 0`, the response to a Produce request is not
+    forwarded: the proxy closes the client's connection instead (the write
+    itself already happened), and the client retries the batch.
+    """
+
+    _REQ_HEAD = struct.Struct(">ihhi")  # size, api_key, api_version, correlation_id
+    _RESP_HEAD = struct.Struct(">ii")  # size, correlation_id
+
+    def __init__(self) -> None:
+        self.drop_produce_responses = 0
+        self.upstream_port = 0
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._client, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        for w in list(self._writers):
+            w.close()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _client(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
+        sr, sw = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        self._writers |= {cw, sw}
+        produce: set[int] = set()
+
+        async def requests() -> None:
+            while True:
+                head = await cr.readexactly(12)
+                size, key, _ver, corr = self._REQ_HEAD.unpack(head)
+                if key == 0:
+                    produce.add(corr)
+                sw.write(head + await cr.readexactly(size - 8))
+
+        async def responses() -> None:
+            while True:
+                head = await sr.readexactly(8)
+                size, corr = self._RESP_HEAD.unpack(head)
+                body = await sr.readexactly(size - 4)
+                if corr in produce:
+                    produce.discard(corr)
+                    if self.drop_produce_responses > 0:
+                        self.drop_produce_responses -= 1
+                        return
+                cw.write(head + body)
+
+        tasks = [asyncio.ensure_future(requests()), asyncio.ensure_future(responses())]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in tasks:
+                t.cancel()
+            for w in (cw, sw):
+                w.close()
+                self._writers.discard(w)
+
+
 class InProcess:
     """A memory-mode node + Kafka listener on a private event loop in a thread (test
     hooks reachable); `http=True` also serves the node's HTTP app (`.base`).
     `router_retry_s` overrides the node's stalled-router retry period (s)."""
 
     def __init__(
-        self, cfg: Any = None, *, http: bool = False, router_retry_s: float | None = None
+        self,
+        cfg: Any = None,
+        *,
+        http: bool = False,
+        router_retry_s: float | None = None,
+        dropper: bool = False,
     ) -> None:
+        from dataclasses import replace
+
         from topics.config import ServerConfig
         from topics.kafka.server import KafkaServer
         from topics.node import ROUTER_RETRY_S, Node
 
         self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+        cfg = cfg or ServerConfig(kafka_port=1)
+        #: With `dropper`, clients reach the listener through a ResponseDropper.
+        self.dropper: ResponseDropper | None = None
+        if dropper:
+            self.dropper = ResponseDropper()
+            self.call(self.dropper.start())
+            cfg = replace(cfg, kafka_advertised=f"127.0.0.1:{self.dropper.port}")
         self.node = Node(
-            cfg or ServerConfig(kafka_port=1),
+            cfg,
             router_retry_s=ROUTER_RETRY_S if router_retry_s is None else router_retry_s,
         )
         self.engine = self.node.engine
         self.server = KafkaServer(self.node)
         self.http: Any = None
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self._thread.start()
         self.call(self.node.start())
         self.call(self.server.start("127.0.0.1", 0))
         self.bootstrap = f"127.0.0.1:{self.server.port}"
+        if self.dropper is not None:
+            self.dropper.upstream_port = self.server.port
+            self.bootstrap = f"127.0.0.1:{self.dropper.port}"
         self.base = ""
         if http:
             self.call(self._start_http())
@@ -109,6 +194,8 @@ class InProcess:
         return self.call(go())
 
     def close(self) -> None:
+        if self.dropper is not None:
+            self.call(self.dropper.stop())
         self.call(self.server.stop())
         if self.http is not None:
             self.call(self.http.stop())

@@ -200,20 +200,25 @@ def test_two_member_rebalance(kserver: KafkaProcess, client: str) -> None:
 
 
 @pytest.mark.parametrize("client", CLIENTS)
-def test_idempotent_retry_writes_once(inproc: InProcess, client: str) -> None:
-    topic = name(f"idem-{client}")
-    inproc.call(inproc.server.backend.create(topic, {}))
-    # The first produce response is never sent (the connection drops after the
-    # write happened): the client retries the same batch with the same sequence.
-    inproc.server.faults.drop_produce_responses = 1
-    want = items(40)
-    offsets = produce(client, inproc.bootstrap, topic, want, acks="all", idempotent=True)
-    assert inproc.server.faults.drop_produce_responses == 0  # the fault fired
-    assert sorted(offsets) == list(range(40))
-    part = inproc.run(lambda: inproc.server.backend.partition(topic))
-    assert part.head_seq == 40  # nothing written twice
-    got = consume_assign(client, inproc.bootstrap, topic, 0, 40)
-    assert [m.value for m in got] == [v for _k, v, _h in want]
+def test_idempotent_retry_writes_once(client: str) -> None:
+    inproc = InProcess(dropper=True)
+    try:
+        assert inproc.dropper is not None
+        topic = name(f"idem-{client}")
+        inproc.call(inproc.server.backend.create(topic, {}))
+        # The first produce response is never delivered (the connection drops after
+        # the write happened): the client retries the same batch with the same sequence.
+        inproc.dropper.drop_produce_responses = 1
+        want = items(40)
+        offsets = produce(client, inproc.bootstrap, topic, want, acks="all", idempotent=True)
+        assert inproc.dropper.drop_produce_responses == 0  # the fault fired
+        assert sorted(offsets) == list(range(40))
+        part = inproc.run(lambda: inproc.server.backend.partition(topic))
+        assert part.head_seq == 40  # nothing written twice
+        got = consume_assign(client, inproc.bootstrap, topic, 0, 40)
+        assert [m.value for m in got] == [v for _k, v, _h in want]
+    finally:
+        inproc.close()
 
 
 def _out_of_range_error(exc: BaseException) -> bool:

@@ -39,6 +39,7 @@ import numpy as np
 import orjson
 
 from topics.engine.events import LeaseChanged, LeaseKind, LeaseProjection, SeqsDeleted
+from topics.engine.frames import FrameSource
 from topics.engine.params import opt_u64
 from topics.engine.records import NewRecord, Payload
 from topics.engine.topic import PendingWrite, Topic
@@ -217,6 +218,30 @@ class QueueState:
             }
 
     # ------------------------------------------------------------ claiming
+
+    def peek_claimable(self, topic: Topic, n: int) -> list[int]:
+        """The seqs the next claims would most likely hand out (at most `n`), changing nothing.
+
+        Reclaimed seqs first, then from the claim cursor, as :meth:`next_claimable`
+        takes them; a guess, used only to warm their bytes up before a claim.
+        """
+        leases = self.leases
+        out = [
+            s
+            for s in heapq.nsmallest(n, self.reclaim)
+            if s not in leases and s not in self.dl_pending and topic.slot_live(s)
+        ]
+        cur = max(self.claim_cursor, topic.earliest_seq)
+        head = topic.head_seq
+        while len(out) < n and cur <= head:
+            stop = min(head, cur + 4 * n)
+            for s in range(cur, stop + 1):
+                if s not in leases and s not in self.dl_pending and topic.slot_live(s):
+                    out.append(s)
+                    if len(out) >= n:
+                        break
+            cur = stop + 1
+        return out
 
     def next_claimable(self, topic: Topic) -> tuple[int, int, Payload] | None:
         """Reclaimed seqs first, then never-delivered ones; skips leased/deleted/gone."""
@@ -611,6 +636,18 @@ class Queues:
         if p.meta is not None:
             job["meta"] = orjson.Fragment(p.meta)
         return job
+
+    def claim_spans(self, name: str, n: int) -> list[tuple[FrameSource, int, int]]:
+        """Segment spans the next claims of up to `n` jobs of queue `name` would read.
+
+        Warmed up off the loop before a claim pass reads them in place (the pass
+        changes state as it reads, so it cannot stop for a cold read; see
+        docs/ARCHITECTURE.md, "The read path"). Empty when `name` is no queue.
+        """
+        t = self.engine.topics.get(name)
+        if t is None or not t.config.is_queue:
+            return []
+        return t.blocking_spans(self.state(t).peek_claimable(t, n))
 
     def claim(
         self,

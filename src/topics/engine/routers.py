@@ -29,6 +29,7 @@ import orjson
 
 from topics.engine.core import Engine, decode_cursor, encode_cursor
 from topics.engine.events import RouterDeleted, RouterPut
+from topics.engine.frames import FrameSource
 from topics.engine.names import valid_router_name, valid_topic_name
 from topics.engine.params import Predicate, boolean, predicate, predicate_matches, predicate_wire
 from topics.engine.records import NewRecord, loads
@@ -746,6 +747,24 @@ class RouterSet:
     def _scheduled_drain(self) -> None:
         self._drain_scheduled = False
         self.drain_dirty()
+
+    def pending_spans(self) -> builtins.list[tuple[FrameSource, int, int]]:
+        """Segment spans the next forwarding pass of the dirty sources would read.
+
+        Warmed up off the loop before :meth:`drain_dirty` reads them in place
+        (docs/ARCHITECTURE.md, "The read path"). No I/O.
+        """
+        out: builtins.list[tuple[FrameSource, int, int]] = []
+        for name in self._dirty:
+            src = self.engine.topics.get(name)
+            if src is None:
+                continue
+            for r in self._by_source.get(name, ()):
+                lo = max(r.cursor + 1, src.earliest_seq)
+                hi = min(src.head_seq, r.cursor + PASS_MAX_SEQS)
+                if lo <= hi:
+                    out += src.blocking_spans(range(lo, hi + 1))
+        return out
 
     def drain_dirty(self) -> bool:
         """Forward from every dirty source until nothing progresses; True on any progress.

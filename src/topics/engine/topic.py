@@ -15,7 +15,7 @@ Definitions:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +59,8 @@ __all__ = [
 ]
 
 READ_CHUNK = 2048
+#: Frames of one source further apart than this (bytes) are warmed as separate spans.
+SPAN_GAP_BYTES = 64 * 1024
 #: Payload bytes a watch pass delivers when the request names no `max_batch_bytes`.
 WATCH_DEFAULT_BUDGET = 262_144
 #: Source ids at or above this are in-memory chunks; below, segments.
@@ -355,6 +357,41 @@ class Topic:
                 total += len(src.buf)
         return total
 
+    def blocking_spans(self, seqs: Iterable[int]) -> list[tuple[FrameSource, int, int]]:
+        """`(source, lo, hi)`: the byte span of each blocking source (a segment file)
+        that holds frames of the live `seqs`, for warming them up off the loop
+        before a read in place (docs/ARCHITECTURE.md, "The read path"). No I/O.
+        """
+        idx = self.index
+        base = idx.base_seq
+        n = len(idx)
+        pos = [s - base for s in seqs if 0 <= s - base < n]
+        if not pos:
+            return []
+        arr = idx.window(0, n)
+        p = np.asarray(pos, dtype=np.int64)
+        p = p[arr["flags"][p] != DELETED]
+        by_loc: dict[int, list[tuple[int, int]]] = {}
+        for loc, off, ln in zip(
+            arr["loc"][p].tolist(), arr["offset"][p].tolist(), arr["len"][p].tolist(), strict=True
+        ):
+            if loc != LOC_HOLE:
+                by_loc.setdefault(loc, []).append((off, off + ln))
+        out: list[tuple[FrameSource, int, int]] = []
+        for loc, frames in by_loc.items():
+            src = self.sources.get(loc)
+            if src is None or not src.blocking:
+                continue
+            frames.sort()
+            lo, hi = frames[0]
+            for a, b in frames[1:]:
+                if a - hi > SPAN_GAP_BYTES:  # far apart: two spans, not the bytes between
+                    out.append((src, lo, hi))
+                    lo = a
+                hi = max(hi, b)
+            out.append((src, lo, hi))
+        return out
+
     def _frames(self, positions: list[int]) -> Iterator[tuple[int, Buf, int, int, int]]:
         """`(pos, buf, o, len, hdr)` of each verified frame at slot `positions`.
 
@@ -414,6 +451,19 @@ class Topic:
                     tags.add(tag, base + p)
             self._tags = tags
         return tags
+
+    def tag_spans(self) -> list[tuple[FrameSource, int, int]]:
+        """Segment spans a rebuild of the tag index would read ([] when it is current).
+
+        Warmed up off the loop before a `match` delete rebuilds the index in place
+        (docs/ARCHITECTURE.md, "The read path"). No I/O.
+        """
+        if self._tags is not None:
+            return []
+        arr = self.index.view()
+        fl = arr["flags"]
+        pos = np.flatnonzero((fl != DELETED) & ((fl & F_HAS_TAG) != 0))
+        return self.blocking_spans((pos + self.index.base_seq).tolist())
 
     def tags_stale(self) -> None:
         """Forget the tag index; the next delete that needs it rebuilds it from frames."""

@@ -111,6 +111,8 @@ __all__ = [
     "frame_fields",
     "plain_data",
     "SEG_FRAME_OVERHEAD",
+    "SEG_HEADER_DTYPE",
+    "frame_len_for",
     "segment_data_lens",
     "FrameError",
     "Frame",
@@ -274,6 +276,26 @@ def check_frame(buf: Buf, o: int, ln: int, seq: int, hdr: int) -> str | None:
 
 #: Bytes of a segment frame besides node, tag and payload (header and checksum).
 SEG_FRAME_OVERHEAD = SEG_HDR + _CRC
+
+#: :data:`SEG_HEADER` as a packed numpy record, for decoding many headers at once.
+SEG_HEADER_DTYPE = np.dtype(
+    [
+        ("frame_len", "<u4"),
+        ("flags", "u1"),
+        ("topic_id", "<u8"),
+        ("seq", "<u8"),
+        ("ts", "<u8"),
+        ("node_len", "<u2"),
+        ("tag_len", "<u2"),
+        ("data_len", "<u4"),
+    ]
+)
+assert SEG_HEADER_DTYPE.itemsize == SEG_HEADER.size
+
+
+def frame_len_for(node_len: int, tag_len: int, data_len: int, *, segment: bool = False) -> int:
+    """The `frame_len` field a frame with these three lengths carries (bytes after it)."""
+    return (_SEG_FIXED if segment else _FIXED) + node_len + tag_len + data_len + _CRC
 
 
 def segment_data_lens(data: Buf, offsets: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:

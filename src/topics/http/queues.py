@@ -24,6 +24,7 @@ from topics.engine.topic import Topic
 from topics.errors import TopicsError, bad_request
 from topics.http.app import Ctx, TopicsApp
 from topics.http.responses import Resp, json_resp
+from topics.storage.reads import read_pool
 
 __all__ = ["claim", "ack", "nack", "extend", "work", "check_dead_letter"]
 
@@ -51,6 +52,7 @@ async def claim_jobs(
     t = q.check_queue(name)
     jitter = t.config.claim_jitter_ms
     if jitter <= 0:
+        await read_pool.warm(q.claim_spans(name, claimer.max))
         return q.claim_pass(name, [claimer], lease_override)[0]
     cohorts = _cohorts(app)
     cohort = cohorts.get(name)
@@ -74,6 +76,7 @@ async def claim_jobs(
         raise
     if cohorts.get(name) is cohort:
         del cohorts[name]
+    await read_pool.warm(q.claim_spans(name, sum(c.max for c in cohort.claimers)))
     return _run_cohort(app, name, cohort)
 
 

@@ -23,7 +23,7 @@ from topics.errors import TopicsError
 from topics.http.app import Ctx, drive
 from topics.http.responses import JSON_CT, Resp, json_resp
 from topics.node import wait_published as _wait_published
-from topics.storage.reads import history_gate, read_pool
+from topics.storage.reads import MAX_WARM_TAG_BYTES, history_gate, read_pool
 
 __all__ = [
     "put_topic",
@@ -277,6 +277,16 @@ async def diff(ctx: Ctx) -> Resp:
 
 
 async def delete_records(ctx: Ctx) -> Resp:
+    """`POST /v0/topics/:t/delete` (docs/API.md, "10. Deleting records").
+
+    A `match` delete consults the topic's tag index; when that has to be rebuilt
+    from segment files, their bytes are read on the pool first.
+    """
+    body = ctx.body
+    if isinstance(body, dict) and body.get("match") is not None:
+        t = ctx.engine.get(ctx.params["topic"])
+        if t is not None:
+            await read_pool.warm(t.tag_spans(), MAX_WARM_TAG_BYTES)
     op = ctx.engine.begin_delete(ctx.params["topic"], ctx.body)
     if not op.done:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()

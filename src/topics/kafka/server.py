@@ -70,18 +70,6 @@ class _Activity:
         self.last_tx = 0.0
 
 
-class Faults:
-    """Test hooks (in-process servers only): make the next N produce responses vanish.
-
-    With `drop_produce_responses > 0` the connection is closed instead of sending
-    a Produce response (the write itself still happens), which makes a client
-    retry the batch: the idempotent-producer path has to recognise it.
-    """
-
-    def __init__(self) -> None:
-        self.drop_produce_responses = 0
-
-
 class KafkaServer:
     """The listener plus the broker state behind it (groups, offsets, producers).
 
@@ -107,7 +95,6 @@ class KafkaServer:
             auth=auth,
             now_ms=node.clock.now_ms(),
         )
-        self.faults = Faults()
         self.host = ""
         self.port = 0
         self._server: asyncio.Server | None = None
@@ -205,11 +192,6 @@ class KafkaServer:
                     if key < 0:  # pre-framed bytes (SASL v0 token answer)
                         writer.write(resp)
                         continue
-                    if key == P.PRODUCE and self.faults.drop_produce_responses > 0:
-                        self.faults.drop_produce_responses -= 1
-                        log.info("kafka: test fault: dropping a produce response to %s", conn.peer)
-                        writer.close()
-                        return
                     writer.write(P.encode_response(resp, ver, corr))
                     act.last_tx = loop.time()
                     if not pending:

@@ -60,7 +60,13 @@ import xxhash
 
 from topics.clock import SystemClock
 from topics.engine.frames import FrameCorrupt
-from topics.format.frame import SEG_HDR, check_frame
+from topics.format.frame import (
+    CHECKSUM,
+    SEG_FRAME_OVERHEAD,
+    SEG_HDR,
+    SEG_HEADER_DTYPE,
+    check_frame,
+)
 from topics.format.idx import DELETED, F_HAS_META, F_HAS_NODE, F_HAS_TAG, IDX_ENTRY_DTYPE
 from topics.fs import File, Fs
 from topics.storage.catalog import CatalogTopic, SegmentRef, load_catalog
@@ -451,23 +457,9 @@ def _open_pair(fs: Fs, sl: SegmentSlice) -> tuple[File, File, str]:
     raise _Gone()
 
 
-# A segment frame header (docs/FORMATS.md, `SEG_HDR` = 37 bytes), packed.
-_HDR_DTYPE = np.dtype(
-    [
-        ("frame_len", "<u4"),
-        ("flags", "u1"),
-        ("topic_id", "<u8"),
-        ("seq", "<u8"),
-        ("ts", "<u8"),
-        ("node_len", "<u2"),
-        ("tag_len", "<u2"),
-        ("data_len", "<u4"),
-    ]
-)
-assert _HDR_DTYPE.itemsize == SEG_HDR
 _HDR_COLS = np.arange(SEG_HDR, dtype=np.int64)
 _U32_COLS = np.arange(4, dtype=np.int64)
-_U64_COLS = np.arange(8, dtype=np.int64)
+_U64_COLS = np.arange(CHECKSUM.size, dtype=np.int64)
 
 
 def _gather(
@@ -604,20 +596,23 @@ def _decode(
     o = offs - lo
     ln = lens
     # Frames must lie inside what was read and be at least a header plus checksum.
-    bad = (o < 0) | (o + ln > len(raw)) | (ln < SEG_HDR + 8)
+    bad = (o < 0) | (o + ln > len(raw)) | (ln < SEG_FRAME_OVERHEAD)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise _corrupt(path, raw, int(o[i]), int(ln[i]), int(seqs[i]), "frame outside the file")
     buf8 = np.frombuffer(raw, np.uint8)
-    hdr = _gather(buf8, o, _HDR_COLS).view(_HDR_DTYPE).reshape(n)
+    hdr = _gather(buf8, o, _HDR_COLS).view(SEG_HEADER_DTYPE).reshape(n)
     nl = hdr["node_len"].astype(np.int64)
     tl = hdr["tag_len"].astype(np.int64)
     dl = hdr["data_len"].astype(np.int64)
-    stored = _gather(buf8, o + ln - 8, _U64_COLS).view("<u8").reshape(n)
+    stored = _gather(buf8, o + ln - CHECKSUM.size, _U64_COLS).view("<u8").reshape(n)
     mv = memoryview(raw)
     crc = xxhash.xxh3_64_intdigest
     computed = np.fromiter(
-        (crc(mv[a:b]) for a, b in zip((o + 4).tolist(), (o + ln - 8).tolist(), strict=True)),
+        (
+            crc(mv[a:b])
+            for a, b in zip((o + 4).tolist(), (o + ln - CHECKSUM.size).tolist(), strict=True)
+        ),
         dtype=np.uint64,
         count=n,
     )
@@ -625,7 +620,7 @@ def _decode(
         (hdr["frame_len"].astype(np.int64) != ln - 4)
         | (hdr["seq"].astype(np.int64) != seqs)
         | (computed != stored)
-        | (nl + tl + dl + SEG_HDR + 8 != ln)
+        | (nl + tl + dl + SEG_FRAME_OVERHEAD != ln)
     )
     if bad.any():
         i = int(np.flatnonzero(bad)[0])

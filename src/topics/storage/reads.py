@@ -17,12 +17,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TypeVar
 
-from topics.engine.frames import ColdRead, ReadAhead, read_ahead
+from topics.engine.frames import ColdRead, FrameSource, ReadAhead, read_ahead
 
 __all__ = ["READ_THREADS", "ReadPool", "read_pool", "HistoryGate", "history_gate"]
 
@@ -35,6 +35,10 @@ READ_THREADS = 4
 #: Least bytes one fetch reads: a whole diff page at the largest budget (1 MiB) in one
 #: trip to the pool, so the slices after the first find their bytes at hand.
 READ_AHEAD_BYTES = 1024 * 1024 + 64 * 1024
+#: Most bytes one :meth:`ReadPool.warm` reads ahead of a read in place, by default.
+MAX_WARM_BYTES = 8 * 1024 * 1024
+#: The same for a rebuild of a topic's tag index (it reads every tagged record).
+MAX_WARM_TAG_BYTES = 256 * 1024 * 1024
 #: Fetches one read may need before it runs with blocking reads on the loop instead
 #: (a read touches one span per segment it crosses; this is far above that).
 MAX_FETCHES = 64
@@ -95,6 +99,30 @@ class ReadPool:
             ahead.add(src, lo, buf)
         log.warning("a read needed more than %d segment fetches; reading on the loop", MAX_FETCHES)
         return read()
+
+    async def warm(
+        self, spans: Iterable[tuple[FrameSource, int, int]], limit: int = MAX_WARM_BYTES
+    ) -> None:
+        """Read `spans` (`(source, lo, hi)` of blocking sources) on the pool, bytes dropped.
+
+        For work that reads segments in place because it changes state as it
+        reads (queue claims, router forwarding): once the page cache holds the
+        spans, that read does not wait for the disk. At most `limit` bytes
+        (:data:`MAX_WARM_BYTES`); errors are left to the read in place.
+        """
+        loop = asyncio.get_running_loop()
+        budget = limit
+        for src, lo, hi in spans:
+            hi = min(hi, lo + budget)
+            if hi <= lo:
+                break
+            budget -= hi - lo
+            try:
+                await loop.run_in_executor(self._executor(), src.fetch, lo, hi)
+            except OSError:
+                return
+            self.fetches += 1
+            self.fetched_bytes += hi - lo
 
     def close(self) -> None:
         """Stop the threads (waits for running fetches); a later run starts new ones."""

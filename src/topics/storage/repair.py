@@ -53,6 +53,7 @@ from topics.format.frame import (
     TYPE_NAMES,
     encode_control,
     encode_frame,
+    frame_len_for,
 )
 from topics.storage.fs import Fs, read_file, write_all, write_file
 from topics.storage.journal import shard_dirs, shard_of
@@ -186,7 +187,7 @@ def _parse_headers(
         fl, typ, _flags, tid, seq, _ts, nl, tl, dl = HEADER.unpack_from(buf, off)
         if typ not in FRAME_TYPES:
             break
-        body = HEADER.size - 4 + nl + tl + dl + 8
+        body = frame_len_for(nl, tl, dl)
         if body == end - off - 4:
             fl = body  # the length prefix is the damaged part: the other fields agree
         elif fl + 4 == end - off and fl >= MIN_FRAME_SIZE - 4:
