@@ -222,8 +222,8 @@ async def read_diff(eng: Engine, name: str, p: DiffParams) -> tuple[Topic, ReadR
     """
     first = p if p.limit <= DIFF_SLICE else replace(p, limit=DIFF_SLICE)
     t0 = eng.get(name)
-    if t0 is not None and t0.head_seq - p.from_seq > DIFF_SLICE:
-        await history_gate.turn()  # a page of history gives way to writes in flight
+    if first is not p and t0 is not None and t0.head_seq - p.from_seq > DIFF_SLICE:
+        await history_gate.turn()  # a long page of history takes its turn
     ahead = ReadAhead()
     t, r = await read_pool.run(partial(eng.diff, name, first), ahead)
     if first is p or len(r.records) < DIFF_SLICE:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import weakref
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -139,8 +141,6 @@ read_pool = ReadPool()
 #: Longest a historical read step waits for writes in flight (s): writes keep priority
 #: without starving a scan when they never stop.
 HISTORY_MAX_WAIT_S = 0.002
-#: A historical step shorter than this (s) is not paced, only yielded after.
-HISTORY_PACE_MIN_S = 0.0002
 #: A lane held longer than this (s) without its holder's next turn counts as free:
 #: a holder that went quiet (a stream caught up) never wedges the others.
 HISTORY_LANE_MAX_S = 0.005
@@ -151,12 +151,10 @@ class HistoryGate:
 
     A read catching up on history (a diff page far behind the head, an SSE or
     WebSocket catch-up, a Kafka fetch of old offsets) calls :meth:`turn` before
-    each step: a slice of records, the rendering of a response. Steps of all
-    such reads pass one at a time, so between two of them the loop runs
-    everything else that is ready: a live request waits behind one step at
-    most, never behind one step of each scanning client. A step that kept the
-    loop `t` seconds closes the lane for `t` more (once `t` exceeds
-    :data:`HISTORY_PACE_MIN_S`): history takes at most about half of the loop.
+    each step: a slice of records, a piece of a response. Steps of all such
+    reads pass one at a time, in arrival order, so between two of them the loop
+    runs everything else that is ready: a live request waits behind one step at
+    most, never behind one step of each scanning client.
 
     A write (HTTP, WebSocket or Kafka produce) holds :meth:`write` while it
     waits for its commit point; while any is in flight the next step waits
@@ -172,7 +170,8 @@ class HistoryGate:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._holder: asyncio.Task[object] | None = None
         self._started = 0.0  # loop time the holder's step began
-        self._next = 0.0  # loop time before which no step may begin (pacing)
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._watched: weakref.WeakSet[asyncio.Task[object]] = weakref.WeakSet()
 
     @contextmanager
     def write(self) -> Iterator[None]:
@@ -185,43 +184,45 @@ class HistoryGate:
             if not self.writes and self._idle is not None:
                 self._idle.set()
 
-    def _close_step(self, now: float) -> None:
-        took = now - self._started
-        if took > HISTORY_PACE_MIN_S:
-            self._next = max(self._next, now + min(took, HISTORY_LANE_MAX_S))
+    def _release(self) -> None:
         self._holder = None
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
 
-    def _lane_busy(self, me: asyncio.Task[object] | None, now: float) -> bool:
-        h = self._holder
-        if h is None:
-            return False
-        if h is me or h.done() or now - self._started > HISTORY_LANE_MAX_S:
-            self._close_step(now)
-            return False
-        return True
+    def _holder_done(self, task: asyncio.Task[object]) -> None:
+        if self._holder is task:
+            self._release()
 
     async def turn(self) -> None:
-        """Before a historical read step: wait for the lane, the pace and writes in flight."""
+        """Before a historical read step: wait for writes in flight, then for the lane."""
         loop = asyncio.get_running_loop()
         me = asyncio.current_task()
-        if self._holder is me:
-            self._close_step(loop.time())
+        if me is not None and self._holder is me:
+            self._release()
         await asyncio.sleep(0)  # always yield: what is ready runs first
-        waited_writes = False
+        if self.writes:
+            await self._wait_writes(loop)
         while True:
-            now = loop.time()
-            if self._lane_busy(me, now):
-                await asyncio.sleep(HISTORY_PACE_MIN_S)
-                continue
-            if now < self._next:
-                await asyncio.sleep(self._next - now)
-                continue
-            if self.writes and not waited_writes:
-                waited_writes = True
-                await self._wait_writes(loop)
-                continue
-            break
-        self._holder = me
+            h = self._holder
+            if h is None or h is me or h.done():
+                break
+            left = self._started + HISTORY_LANE_MAX_S - loop.time()
+            if left <= 0:
+                break  # the holder went quiet: its step counts as over
+            fut: asyncio.Future[None] = loop.create_future()
+            self._waiters.append(fut)
+            try:
+                await asyncio.wait_for(fut, left)
+            except TimeoutError:
+                pass
+        if me is not None and self._holder is not me:
+            self._holder = me
+            if me not in self._watched:
+                self._watched.add(me)
+                me.add_done_callback(self._holder_done)
         self._started = loop.time()
 
     async def _wait_writes(self, loop: asyncio.AbstractEventLoop) -> None:
