@@ -7,8 +7,9 @@ since the server may stream JSON bodies chunked), and nothing else about the
 response is interpreted unless the caller asks.
 
 Also here: nearest-rank percentiles, CPU-time readers for ``/proc/<pid>/stat``
-and ``/proc/stat``, and an incremental SSE parser (de-chunking + ``data:``
-lines) used offline by the watcher process.
+and ``/proc/stat``, an incremental SSE parser (de-chunking + ``data:``
+lines) used offline by the watcher process, and :class:`ServeProcess`, the
+server under test of every script.
 """
 
 from __future__ import annotations
@@ -16,12 +17,19 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import signal
 import socket
+import subprocess
+import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "ServeProcess",
     "ChunkRecorder",
     "get_path",
     "AsyncConn",
@@ -321,3 +329,96 @@ def get_path(d: Any, path: str) -> Any:
             return None
         d = d[k]
     return d
+
+
+# -- the server under test -------------------------------------------------------------
+class ServeProcess:
+    """`python -m topics serve` on 127.0.0.1:0 over `data_dir`; stopped by its PID.
+
+    Every `TOPICS_*` variable of this process is dropped; the server gets host
+    127.0.0.1, an ephemeral HTTP port (read back from `TOPICS_PORT_FILE`), no
+    Kafka listener unless `env` sets one, and `env` on top. Its output goes to
+    `log` (appended). The constructor returns once `/readyz` answers 200
+    (`ready_s`: seconds from the start) and raises RuntimeError when the server
+    exits first or is not ready within `ready_timeout_s`.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        log: Path,
+        env: dict[str, str] | None = None,
+        *,
+        ready_timeout_s: float = 300.0,
+        cwd: Path | None = None,
+    ) -> None:
+        self.port_file = log.parent / f"port-{time.monotonic_ns()}"
+        full = {k: v for k, v in os.environ.items() if not k.startswith("TOPICS_")}
+        full.update(
+            TOPICS_HOST="127.0.0.1",
+            TOPICS_PORT="0",
+            TOPICS_KAFKA_PORT="0",
+            TOPICS_PORT_FILE=str(self.port_file),
+            TOPICS_DATA_DIR=str(data_dir),
+        )
+        full.update(env or {})
+        self.log_path = log
+        self.log = open(log, "ab")  # closed in stop()
+        self.host = "127.0.0.1"
+        self.port = 0
+        t0 = time.perf_counter()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "topics", "serve"],
+            env=full,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+        )
+        deadline = time.monotonic() + ready_timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                self.log.close()
+                tail = log.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"server exited during startup:\n{tail}")
+            if not self.port:
+                text = self.port_file.read_text().strip() if self.port_file.exists() else ""
+                if text:
+                    host, _, port = text.rpartition(":")
+                    self.host, self.port = host, int(port)
+            if self.port and self._ready():
+                self.ready_s = time.perf_counter() - t0
+                return
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"server did not become ready in {ready_timeout_s:.0f} s")
+            time.sleep(0.005)
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/readyz", timeout=2) as r:
+                return bool(r.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 120.0) -> int | None:
+        """Send `sig` (SIGTERM: a graceful stop), wait (SIGKILL after `timeout_s`);
+        returns the exit code."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        if not self.log.closed:
+            self.log.close()
+        self.port_file.unlink(missing_ok=True)
+        return self.proc.returncode

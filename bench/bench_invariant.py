@@ -80,6 +80,7 @@ sys.path.insert(0, str(HERE))
 from _client import (  # noqa: E402
     AsyncConn,
     ChunkRecorder,
+    ServeProcess,
     SSEParser,
     SyncConn,
     build_request,
@@ -208,60 +209,12 @@ def evict(paths: list[Path], use_drop_caches: bool) -> dict[str, Any]:
 
 
 # -- the server process -------------------------------------------------------------------
-class Server:
-    """`python -m topics serve` on 127.0.0.1:0 over a given data dir; stopped by its PID."""
+class Server(ServeProcess):
+    """The server under test over `data_dir`, with the requests this script makes."""
 
     def __init__(self, data_dir: Path, work: Path, extra_env: dict[str, str]) -> None:
         self.work = work
-        port_file = work / f"port-{time.monotonic_ns()}"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TOPICS_")}
-        env.update(
-            TOPICS_HOST="127.0.0.1",
-            TOPICS_PORT="0",
-            TOPICS_KAFKA_PORT="0",
-            TOPICS_PORT_FILE=str(port_file),
-            TOPICS_DATA_DIR=str(data_dir),
-        )
-        env.update(extra_env)
-        self.log_path = work / "server.log"
-        self.log = open(self.log_path, "ab")  # closed in stop()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "topics", "serve"],
-            env=env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-        )
-        deadline = time.monotonic() + 300
-        while True:
-            if self.proc.poll() is not None:
-                self.log.close()
-                raise RuntimeError(f"server exited early:\n{self.log_path.read_text()[-3000:]}")
-            text = port_file.read_text().strip() if port_file.exists() else ""
-            if text:
-                host, _, port = text.rpartition(":")
-                self.host, self.port = host, int(port)
-                if self._ready():
-                    return
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError("server did not become ready in 300 s")
-            time.sleep(0.05)
-
-    def _ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://{self.host}:{self.port}/readyz", timeout=5) as r:
-                return bool(r.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        super().__init__(data_dir, work / "server.log", extra_env, cwd=ROOT)
 
     def request(self, method: str, path: str, body: bytes | None = None) -> bytes:
         return build_request(method, path, body, host=f"{self.host}:{self.port}")
@@ -284,17 +237,10 @@ class Server:
         with urllib.request.urlopen(req, timeout=10) as r:
             return dict(orjson.loads(r.read()))
 
-    def stop(self) -> float:
+    def stop_timed(self) -> float:
         """SIGTERM (a graceful stop checkpoints everything), wait; the seconds it took."""
         t0 = time.perf_counter()
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(600)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        self.log.close()
+        self.stop(signal.SIGTERM, 600)
         return round(time.perf_counter() - t0, 2)
 
 
@@ -698,7 +644,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             report["fill"] = {"reused_records": have}
         srv.json("PUT", f"/v0/topics/{LIVE}", {"durability": args.durability})
     finally:
-        report["stop_after_fill_s"] = srv.stop()
+        report["stop_after_fill_s"] = srv.stop_timed()
     log(f"server stopped (final checkpoint) in {report['stop_after_fill_s']} s")
 
     # 2. cold start
@@ -799,7 +745,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             live.close()
         for c in children:
             c.kill()
-        report["server_stop_s"] = srv.stop()
+        report["server_stop_s"] = srv.stop_timed()
 
     # 3. per phase: pool the rounds
     by_i = dict(deliveries)  # record index -> latency (one subscriber, one delivery each)

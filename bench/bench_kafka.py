@@ -21,15 +21,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _client import ServeProcess
 
 CLK = os.sysconf("SC_CLK_TCK")
 
@@ -55,34 +56,14 @@ def make_value(kind: str, size: int, i: int) -> bytes:
     return head + b"a" * max(size - len(head) - 2, 0) + b'"}'
 
 
-class Server:
+class Server(ServeProcess):
+    """The server under test with a Kafka listener on a free port."""
+
     def __init__(self, tmp: Path) -> None:
         self.kport = free_port()
-        port_file = tmp / "port"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TOPICS_")}
-        env.update(
-            TOPICS_HOST="127.0.0.1",
-            TOPICS_PORT="0",
-            TOPICS_PORT_FILE=str(port_file),
-            TOPICS_DATA_DIR=str(tmp / "data"),
-            TOPICS_KAFKA_PORT=str(self.kport),
-            TOPICS_LOG="warning",
-        )
-        self.log = open(tmp / "server.log", "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "topics", "serve"], env=env, stdout=self.log, stderr=self.log
-        )
-        deadline = time.monotonic() + 30
-        while not port_file.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        self.base = "http://" + port_file.read_text().strip()
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(self.base + "/readyz", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.05)
+        env = {"TOPICS_KAFKA_PORT": str(self.kport), "TOPICS_LOG": "warning"}
+        super().__init__(tmp / "data", tmp / "server.log", env, ready_timeout_s=30)
+        self.base = self.url
 
     def put(self, topic: str, body: dict[str, Any]) -> None:
         req = urllib.request.Request(
@@ -92,11 +73,6 @@ class Server:
             headers={"content-type": "application/json"},
         )
         urllib.request.urlopen(req, timeout=10).read()
-
-    def stop(self) -> None:
-        os.kill(self.proc.pid, signal.SIGTERM)
-        self.proc.wait(30)
-        self.log.close()
 
 
 def produce(srv: Server, topic: str, values: list[bytes], acks: str) -> dict[str, Any]:

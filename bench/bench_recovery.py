@@ -34,63 +34,23 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import httpx
 import orjson
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _client import ServeProcess
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-class Server:
-    """`python -m topics serve` on 127.0.0.1:0 over `data`; stopped by its PID."""
+class Server(ServeProcess):
+    """The server under test over `data`; `ready_s` is its time to ready."""
 
     def __init__(self, data: Path, log: Path, extra: dict[str, str] | None = None) -> None:
-        self.port_file = data.parent / "port"
-        self.port_file.unlink(missing_ok=True)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TOPICS_")}
-        env.update(
-            TOPICS_HOST="127.0.0.1",
-            TOPICS_PORT="0",
-            TOPICS_KAFKA_PORT="0",
-            TOPICS_PORT_FILE=str(self.port_file),
-            TOPICS_DATA_DIR=str(data),
-            TOPICS_LOG="warning",
-        )
-        env.update(extra or {})
-        self.log = open(log, "ab")
-        self.t0 = time.perf_counter()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "topics", "serve"], env=env, stdout=self.log, stderr=self.log
-        )
-        self.base = ""
-        self.ready_s = self._wait_ready()
-
-    def _wait_ready(self) -> float:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("server exited during startup")
-            if not self.base and self.port_file.exists():
-                text = self.port_file.read_text().strip()
-                if text:
-                    self.base = f"http://{text}"
-            if self.base:
-                try:
-                    with urllib.request.urlopen(f"{self.base}/readyz", timeout=2) as r:
-                        if r.status == 200:
-                            return time.perf_counter() - self.t0
-                except OSError:
-                    pass
-            time.sleep(0.005)
-        raise RuntimeError("server did not become ready")
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, sig)
-            self.proc.wait(120)
-        self.log.close()
+        super().__init__(data, log, {"TOPICS_LOG": "warning", **(extra or {})}, ready_timeout_s=600)
+        self.base = self.url
 
 
 async def fill(base: str, n: int) -> None:

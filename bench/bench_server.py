@@ -64,6 +64,7 @@ sys.path.insert(0, str(HERE))
 from _client import (  # noqa: E402
     AsyncConn,
     ChunkRecorder,
+    ServeProcess,
     SSEParser,
     SyncConn,
     build_request,
@@ -574,70 +575,17 @@ PHASES: dict[str, Callable[[Target, bool], dict[str, Any]]] = {
 
 
 # -- the server process --------------------------------------------------------------------
-class Server:
-    """`python -m topics serve` on 127.0.0.1:0 with a fresh data dir; stopped by its PID."""
+class Server(ServeProcess):
+    """The server under test over a fresh temporary data dir, removed by :meth:`stop`."""
 
     def __init__(self, extra_env: dict[str, str]) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="bench-server-"))
-        port_file = self.tmp / "port"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TOPICS_")}
-        env.update(
-            TOPICS_HOST="127.0.0.1",
-            TOPICS_PORT="0",
-            TOPICS_KAFKA_PORT="0",
-            TOPICS_PORT_FILE=str(port_file),
-            TOPICS_DATA_DIR=str(self.tmp / "data"),
+        super().__init__(
+            self.tmp / "data", self.tmp / "server.log", extra_env, ready_timeout_s=30, cwd=ROOT
         )
-        env.update(extra_env)
-        self.log = open(self.tmp / "server.log", "wb")  # closed in stop()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "topics", "serve"],
-            env=env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-        )
-        deadline = time.monotonic() + 30
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"server exited early:\n{(self.tmp / 'server.log').read_text()[-3000:]}"
-                )
-            text = port_file.read_text().strip() if port_file.exists() else ""
-            if text:
-                host, _, port = text.rpartition(":")
-                self.host, self.port = host, int(port)
-                if self._ready():  # bound at once; serves data routes after recovery
-                    return
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError("server did not become ready in 30 s")
-            time.sleep(0.05)
 
-    def _ready(self) -> bool:
-        import urllib.error
-        import urllib.request
-
-        try:
-            with urllib.request.urlopen(f"http://{self.host}:{self.port}/readyz", timeout=2) as r:
-                return bool(r.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def stop(self) -> int | None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        self.log.close()
-        rc = self.proc.returncode
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int | None:
+        rc = super().stop(sig, timeout_s)
         shutil.rmtree(self.tmp, ignore_errors=True)
         return rc
 
