@@ -50,6 +50,8 @@ __all__ = [
     "Chunk",
     "FrameCorrupt",
     "render_frames",
+    "NATIVE_MIN_RUN",
+    "Ints",
     "python_render",
     "collect_fields",
 ]

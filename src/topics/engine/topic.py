@@ -23,6 +23,7 @@ import numpy as np
 import orjson
 
 from topics.engine.frames import (
+    NATIVE_MIN_RUN,
     Buf,
     Chunk,
     FrameCorrupt,
@@ -1030,20 +1031,33 @@ class Topic:
                 if take:
                     chosen = deliver[:take]
                     used = int(cs[take - 1])
-                    c_seqs = chosen + (nxt + 1)
                     c_locs = w["loc"][chosen]
-                    c_offs = w["offset"][chosen].astype(np.int64)
-                    c_lens = w["len"][chosen].astype(np.int64)
-                    c_ts = w["ts"][chosen].astype(np.int64)
+                    # Lists or int64 arrays, whichever the renderer at hand takes best.
+                    c_seqs: Any
+                    c_offs: Any
+                    c_lens: Any
+                    c_ts: Any
+                    if fields or take < NATIVE_MIN_RUN:
+                        # Lists: what the Python loops index fastest.
+                        c_seqs = (chosen + (nxt + 1)).tolist()
+                        c_offs = w["offset"][chosen].tolist()
+                        c_lens = w["len"][chosen].tolist()
+                        c_ts = w["ts"][chosen].tolist()
+                    else:
+                        # int64 arrays: what the compiled renderer takes without copying.
+                        c_seqs = chosen + (nxt + 1)
+                        c_offs = w["offset"][chosen].astype(np.int64)
+                        c_lens = w["len"][chosen].astype(np.int64)
+                        c_ts = w["ts"][chosen].astype(np.int64)
                     cuts = [0, *(np.flatnonzero(c_locs[1:] != c_locs[:-1]) + 1).tolist(), take]
                     for a, z in zip(cuts, cuts[1:], strict=False):
                         if fields:
                             collect_fields(
                                 sources[int(c_locs[a])],
-                                c_seqs[a:z].tolist(),
-                                c_offs[a:z].tolist(),
-                                c_lens[a:z].tolist(),
-                                c_ts[a:z].tolist(),
+                                c_seqs[a:z],
+                                c_offs[a:z],
+                                c_lens[a:z],
+                                c_ts[a:z],
                                 out,
                             )
                             continue
@@ -1059,7 +1073,7 @@ class Topic:
                             include_meta=include_meta,
                             include_data=include_data,
                         )
-                    seqs.extend(c_seqs.tolist())
+                    seqs.extend(c_seqs if isinstance(c_seqs, list) else c_seqs.tolist())
             scanned += stop_pos + 1
             nxt = nxt + stop_pos + 1
             if stopped:
