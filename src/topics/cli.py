@@ -215,10 +215,16 @@ async def _serve(cfg: ServerConfig) -> int:
     return 0
 
 
+#: How long a thread may hold the GIL while another waits for it (seconds; CPython's
+#: default is 5 ms). With 0.5 ms the loop gets the GIL back from the WAL writers and
+#: the read pool sooner: SSE fan-out to 100 watchers p50 1.3-1.4 ms instead of
+#: 1.6-1.7 ms, at the price of about 5% of batched-write throughput
+#: (docs/BENCHMARKS.md, "Before and after in one run").
+GIL_SWITCH_INTERVAL_S = 0.0005
+
+
 def _run(coro_fn: object) -> int:
-    # CPython's GIL switch interval stays at its default (5 ms): 0.5 ms cost about
-    # 10% of batched-write throughput and did not move the write-ack p99 under a
-    # history scan (docs/BENCHMARKS.md, "Cold history reads next to live traffic").
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     try:
         import uvloop
 
