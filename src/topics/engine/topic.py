@@ -1051,28 +1051,20 @@ class Topic:
                         c_ts = w["ts"][chosen].astype(np.int64)
                     cuts = [0, *(np.flatnonzero(c_locs[1:] != c_locs[:-1]) + 1).tolist(), take]
                     for a, z in zip(cuts, cuts[1:], strict=False):
+                        src = sources[int(c_locs[a])]
+                        run = (c_seqs[a:z], c_offs[a:z], c_lens[a:z], c_ts[a:z])
                         if fields:
-                            collect_fields(
-                                sources[int(c_locs[a])],
-                                c_seqs[a:z],
-                                c_offs[a:z],
-                                c_lens[a:z],
-                                c_ts[a:z],
+                            collect_fields(src, *run, out)
+                        else:
+                            render_frames(
+                                src,
+                                *run,
                                 out,
+                                node_json,
+                                include_tags=include_tags,
+                                include_meta=include_meta,
+                                include_data=include_data,
                             )
-                            continue
-                        render_frames(
-                            sources[int(c_locs[a])],
-                            c_seqs[a:z],
-                            c_offs[a:z],
-                            c_lens[a:z],
-                            c_ts[a:z],
-                            out,
-                            node_json,
-                            include_tags=include_tags,
-                            include_meta=include_meta,
-                            include_data=include_data,
-                        )
                     seqs.extend(c_seqs if isinstance(c_seqs, list) else c_seqs.tolist())
             scanned += stop_pos + 1
             nxt = nxt + stop_pos + 1
