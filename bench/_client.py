@@ -15,6 +15,7 @@ server under test of every script.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import math
 import os
 import signal
@@ -332,6 +333,16 @@ def get_path(d: Any, path: str) -> Any:
 
 
 # -- the server under test -------------------------------------------------------------
+#: Servers started and not stopped yet: stopped at exit, whatever ended the script.
+_RUNNING: set[ServeProcess] = set()
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    for srv in list(_RUNNING):
+        srv.stop(signal.SIGKILL, 10)
+
+
 class ServeProcess:
     """`python -m topics serve` on 127.0.0.1:0 over `data_dir`; stopped by its PID.
 
@@ -340,7 +351,9 @@ class ServeProcess:
     Kafka listener unless `env` sets one, and `env` on top. Its output goes to
     `log` (appended). The constructor returns once `/readyz` answers 200
     (`ready_s`: seconds from the start) and raises RuntimeError when the server
-    exits first or is not ready within `ready_timeout_s`.
+    exits first or is not ready within `ready_timeout_s`. A server the script
+    has not stopped when it exits (an exception, a failed check) is killed then;
+    also usable as a context manager that stops it on leaving.
     """
 
     def __init__(
@@ -374,6 +387,7 @@ class ServeProcess:
             stderr=subprocess.STDOUT,
             cwd=cwd,
         )
+        _RUNNING.add(self)
         deadline = time.monotonic() + ready_timeout_s
         while True:
             if self.proc.poll() is not None:
@@ -408,9 +422,16 @@ class ServeProcess:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    def __enter__(self) -> ServeProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 120.0) -> int | None:
         """Send `sig` (SIGTERM: a graceful stop), wait (SIGKILL after `timeout_s`);
         returns the exit code."""
+        _RUNNING.discard(self)
         if self.proc.poll() is None:
             os.kill(self.proc.pid, sig)
             try:

@@ -55,7 +55,7 @@ class Server(ServeProcess):
 
 async def fill(base: str, n: int) -> None:
     payload = "x" * 56  # 64 B of JSON data with the quotes and key
-    per = 1000
+    per = max(1, min(1000, n))  # n is rounded down to whole batches
     batches = n // per
 
     async def worker(k: int) -> None:
