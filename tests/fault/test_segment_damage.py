@@ -20,7 +20,7 @@ from collections.abc import Callable
 import pytest
 
 from tests.support.clock import TestClock
-from tests.support.durable import DATA_DIR, Durable, make_records
+from tests.support.durable import DATA_DIR, Durable, make_records, segmented_topic
 from tests.support.fakedisk import FakeDisk
 from topics.engine.core import DiffParams
 from topics.storage.check import check
@@ -33,18 +33,9 @@ SEG = 8
 
 def _build() -> tuple[FakeDisk, Durable, str, list[int]]:
     disk = FakeDisk()
-    h = Durable(disk, shards=1, segment_max_events=SEG)
-    h.open()
-    assert h.put_topic("s", {"durability": "fsync"})
-    for i in range(3 * SEG + 3):
-        assert h.write("s", make_records(f"s{i}", 1, size=60)).ok
-    h.checkpoint()
-    h.checkpoint()  # the fallback snapshot no longer needs the WAL either
-    tid = h.eng().require("s").topic_id
-    d = topic_dir(DATA_DIR, tid)
+    h, d = segmented_topic(disk, SEG)
     firsts = [first for first, _p in scan_segments(disk, d).segments]
     assert firsts == [1, 1 + SEG, 1 + 2 * SEG, 1 + 3 * SEG]
-    h.close()
     return disk, h, d, firsts
 
 

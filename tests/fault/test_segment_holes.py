@@ -23,7 +23,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.fault.conftest import CRASH_FLAVOURS, flavour_id
-from tests.support.durable import DATA_DIR, Durable, check_oracle, make_records
+from tests.support.durable import DATA_DIR, Durable, check_oracle, make_records, segmented_topic
 from tests.support.fakedisk import FakeDisk, crash_points
 from topics.errors import TopicsError
 from topics.storage.checkpoint import CheckpointFailed
@@ -275,15 +275,7 @@ def _strip_segs(disk: FakeDisk) -> None:
 
 
 def _legacy_build(disk: FakeDisk) -> tuple[Durable, str]:
-    h = Durable(disk, shards=1, segment_max_events=SEG)
-    h.open()
-    assert h.put_topic("s", {"durability": "fsync"})
-    for i in range(3 * SEG + 3):
-        assert h.write("s", make_records(f"s{i}", 1, size=60)).ok
-    h.checkpoint()
-    h.checkpoint()
-    d = topic_dir(DATA_DIR, h.eng().require("s").topic_id)
-    h.close()
+    h, d = segmented_topic(disk, SEG)
     _strip_segs(disk)
     return h, d
 

@@ -902,3 +902,22 @@ class _GateFile:
 
     def close(self) -> None:
         self.inner.close()
+
+
+def segmented_topic(disk: FakeDisk, seg: int) -> tuple[Durable, str]:
+    """Topic `s` (class fsync) written as `3 * seg + 3` one-record writes on one shard
+    and checkpointed twice, so every record sits in segments of `seg` records and
+    the WAL holds none. The handle is closed; returns it and the topic's directory.
+    """
+    from topics.storage.segment import topic_dir
+
+    h = Durable(disk, shards=1, segment_max_events=seg)
+    h.open()
+    assert h.put_topic("s", {"durability": "fsync"})
+    for i in range(3 * seg + 3):
+        assert h.write("s", make_records(f"s{i}", 1, size=60)).ok
+    h.checkpoint()
+    h.checkpoint()  # the fallback snapshot no longer needs the WAL either
+    d = topic_dir(DATA_DIR, h.eng().require("s").topic_id)
+    h.close()
+    return h, d
