@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 import orjson
 
 from topics.engine.events import LeaseChanged, LeaseKind, LeaseProjection, SeqsDeleted
@@ -219,29 +220,26 @@ class QueueState:
 
     # ------------------------------------------------------------ claiming
 
-    def peek_claimable(self, topic: Topic, n: int) -> list[int]:
+    def peek_claimable(self, topic: Topic, n: int) -> npt.NDArray[np.int64]:
         """The seqs the next claims would most likely hand out (at most `n`), changing nothing.
 
         Reclaimed seqs first, then from the claim cursor, as :meth:`next_claimable`
         takes them; a guess, used only to warm their bytes up before a claim.
         """
-        leases = self.leases
+        leases, pending = self.leases, self.dl_pending
         out = [
             s
             for s in heapq.nsmallest(n, self.reclaim)
-            if s not in leases and s not in self.dl_pending and topic.slot_live(s)
+            if s not in leases and s not in pending and topic.slot_live(s)
         ]
         cur = max(self.claim_cursor, topic.earliest_seq)
         head = topic.head_seq
         while len(out) < n and cur <= head:
             stop = min(head, cur + 4 * n)
-            for s in range(cur, stop + 1):
-                if s not in leases and s not in self.dl_pending and topic.slot_live(s):
-                    out.append(s)
-                    if len(out) >= n:
-                        break
+            live = topic.live_seqs(cur, stop).tolist()
+            out += [s for s in live if s not in leases and s not in pending]
             cur = stop + 1
-        return out
+        return np.asarray(out[:n], dtype=np.int64)
 
     def next_claimable(self, topic: Topic) -> tuple[int, int, Payload] | None:
         """Reclaimed seqs first, then never-delivered ones; skips leased/deleted/gone."""

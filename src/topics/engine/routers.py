@@ -760,10 +760,8 @@ class RouterSet:
             if src is None:
                 continue
             for r in self._by_source.get(name, ()):
-                lo = max(r.cursor + 1, src.earliest_seq)
-                hi = min(src.head_seq, r.cursor + PASS_MAX_SEQS)
-                if lo <= hi:
-                    out += src.blocking_spans(range(lo, hi + 1))
+                live = src.live_seqs(r.cursor + 1, r.cursor + PASS_MAX_SEQS)
+                out += src.blocking_spans(live)
         return out
 
     def drain_dirty(self) -> bool:

@@ -15,11 +15,12 @@ Definitions:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import orjson
 
 from topics.engine.frames import (
@@ -358,40 +359,47 @@ class Topic:
                 total += len(src.buf)
         return total
 
-    def blocking_spans(self, seqs: Iterable[int]) -> list[tuple[FrameSource, int, int]]:
-        """`(source, lo, hi)`: the byte span of each blocking source (a segment file)
-        that holds frames of the live `seqs`, for warming them up off the loop
-        before a read in place (docs/ARCHITECTURE.md, "The read path"). No I/O.
+    def blocking_spans(self, seqs: npt.NDArray[np.int64]) -> list[tuple[FrameSource, int, int]]:
+        """`(source, lo, hi)`: the byte spans of blocking sources (segment files) that
+        hold frames of the live `seqs`, for warming them up off the loop before a
+        read in place (docs/ARCHITECTURE.md, "The read path"). No I/O; records
+        still in memory cost one lookup per source they are in.
         """
         idx = self.index
-        base = idx.base_seq
         n = len(idx)
-        pos = [s - base for s in seqs if 0 <= s - base < n]
-        if not pos:
+        p = seqs - idx.base_seq
+        p = p[(p >= 0) & (p < n)]
+        if not len(p):
             return []
         arr = idx.window(0, n)
-        p = np.asarray(pos, dtype=np.int64)
         p = p[arr["flags"][p] != DELETED]
-        by_loc: dict[int, list[tuple[int, int]]] = {}
-        for loc, off, ln in zip(
-            arr["loc"][p].tolist(), arr["offset"][p].tolist(), arr["len"][p].tolist(), strict=True
-        ):
-            if loc != LOC_HOLE:
-                by_loc.setdefault(loc, []).append((off, off + ln))
+        locs = arr["loc"][p]
         out: list[tuple[FrameSource, int, int]] = []
-        for loc, frames in by_loc.items():
-            src = self.sources.get(loc)
+        for loc in np.unique(locs).tolist():
+            src = self.sources.get(loc) if loc != LOC_HOLE else None
             if src is None or not src.blocking:
                 continue
-            frames.sort()
-            lo, hi = frames[0]
-            for a, b in frames[1:]:
-                if a - hi > SPAN_GAP_BYTES:  # far apart: two spans, not the bytes between
-                    out.append((src, lo, hi))
-                    lo = a
-                hi = max(hi, b)
-            out.append((src, lo, hi))
+            sel = p[locs == loc]
+            lo = arr["offset"][sel].astype(np.int64)
+            order = np.argsort(lo, kind="stable")
+            lo = lo[order]
+            hi = np.maximum.accumulate(lo + arr["len"][sel][order])
+            # Frames further apart than SPAN_GAP_BYTES: separate spans, not the bytes between.
+            cuts = (np.flatnonzero(lo[1:] - hi[:-1] > SPAN_GAP_BYTES) + 1).tolist()
+            for a, z in zip([0, *cuts], [*cuts, len(lo)], strict=True):
+                out.append((src, int(lo[a]), int(hi[z - 1])))
         return out
+
+    def live_seqs(self, lo: int, hi: int) -> npt.NDArray[np.int64]:
+        """The seqs in `[lo, hi]` that are published, retained and not deleted
+        (:meth:`slot_live` over a range, in one pass)."""
+        idx = self.index
+        lo = max(lo, self.earliest_seq, idx.base_seq)
+        hi = min(hi, idx.base_seq + len(idx) - 1)
+        if hi < lo:
+            return np.zeros(0, np.int64)
+        flags = idx.window(lo - idx.base_seq, hi - lo + 1)["flags"]
+        return np.flatnonzero(flags != DELETED).astype(np.int64) + lo
 
     def _frames(self, positions: list[int]) -> Iterator[tuple[int, Buf, int, int, int]]:
         """`(pos, buf, o, len, hdr)` of each verified frame at slot `positions`.
@@ -464,7 +472,7 @@ class Topic:
         arr = self.index.view()
         fl = arr["flags"]
         pos = np.flatnonzero((fl != DELETED) & ((fl & F_HAS_TAG) != 0))
-        return self.blocking_spans((pos + self.index.base_seq).tolist())
+        return self.blocking_spans(pos.astype(np.int64) + self.index.base_seq)
 
     def tags_stale(self) -> None:
         """Forget the tag index; the next delete that needs it rebuilds it from frames."""
