@@ -367,9 +367,7 @@ class TopicsApp:
             if resp.pieces is None:
                 await send({"type": "http.response.body", "body": resp.body})
                 return
-            for k, piece in enumerate(resp.pieces):
-                if k and resp.pace is not None:
-                    await resp.pace()
+            async for piece in resp.pieces:
                 await send({"type": "http.response.body", "body": piece, "more_body": True})
             await send({"type": "http.response.body", "body": b""})
 

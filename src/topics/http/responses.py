@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -18,14 +18,14 @@ JSON_CT = (b"content-type", b"application/json")
 class Resp:
     """A complete HTTP response: its length is known before the first byte goes out.
 
-    The body is `body`, or, when `pieces` is set, the bytes it yields one after
-    another (`length` in all, `body` empty): the app sends each piece as it is
-    produced and awaits `pace` between two pieces, so a large body does not
-    hold the event loop for its whole length (docs/ARCHITECTURE.md, "The read
-    path").
+    The body is `body`, or, when `pieces` is set, the bytes that async iterator
+    yields one after another (`length` in all, `body` empty): the app sends each
+    piece as it comes, and the iterator may wait between two, so a large body
+    does not hold the event loop for its whole length (docs/ARCHITECTURE.md,
+    "The read path").
     """
 
-    __slots__ = ("status", "body", "headers", "pieces", "length", "pace")
+    __slots__ = ("status", "body", "headers", "pieces", "length")
 
     def __init__(
         self,
@@ -33,16 +33,14 @@ class Resp:
         body: bytes,
         headers: list[tuple[bytes, bytes]],
         *,
-        pieces: Iterator[bytes] | None = None,
+        pieces: AsyncIterator[bytes] | None = None,
         length: int | None = None,
-        pace: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.status = status
         self.body = body
         self.headers = headers
         self.pieces = pieces
         self.length = len(body) if length is None else length
-        self.pace = pace
 
 
 def perf(t0: float, **extra: Any) -> dict[str, Any]:

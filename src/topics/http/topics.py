@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from functools import partial
 
@@ -178,10 +178,10 @@ def diff_response(t: Topic, r: ReadResult, t0: float) -> Resp:
     """The 200 response of a diff pass: one body, or for a long page a body in pieces.
 
     A page of more than :data:`DIFF_SLICE` records is sent in pieces of about
-    :data:`DIFF_PIECE_BYTES`, each joined when it goes out, and every piece
-    after the first is a step of the history lane (:class:`HistoryGate`), so
-    copying a 1 MiB page into the socket never holds the loop in one go. The
-    bytes are those of :func:`render_diff`.
+    :data:`DIFF_PIECE_BYTES`, each joined when it goes out and each a step of
+    the history lane (:class:`HistoryGate`), so copying a 1 MiB page into the
+    socket never holds the loop in one go. The bytes are those of
+    :func:`render_diff`.
     """
     recs = r.records
     if len(recs) <= DIFF_SLICE:
@@ -189,21 +189,21 @@ def diff_response(t: Topic, r: ReadResult, t0: float) -> Resp:
     head, tail = _diff_ends(t, r, t0)
     length = len(head) + sum(map(len, recs)) + len(recs) - 1 + len(tail)
 
-    def pieces() -> Iterator[bytes]:
+    async def pieces() -> AsyncIterator[bytes]:
         n = len(recs)
         i = 0
         sep = head
         while i < n:
+            await history_gate.turn()
             j, size = i, 0
             while j < n and size < DIFF_PIECE_BYTES:
                 size += len(recs[j])
                 j += 1
-            part = b"".join((sep, b",".join(recs[i:j])))
+            yield b"".join((sep, b",".join(recs[i:j]), tail if j >= n else b""))
             sep = b","
             i = j
-            yield part + tail if i >= n else part
 
-    return Resp(200, b"", [JSON_CT], pieces=pieces(), length=length, pace=history_gate.turn)
+    return Resp(200, b"", [JSON_CT], pieces=pieces(), length=length)
 
 
 #: Records a diff renders per step of the loop: a long page is read in slices with
@@ -271,8 +271,6 @@ async def diff(ctx: Ctx) -> Resp:
     if p.wait_ms > 0 and not r.records and r.tombstone is None and r.caught_up:
         await wait_topic(t, p.wait_ms / 1000)
         t, r = await read_diff(eng, name, p)
-    if len(r.records) > DIFF_SLICE:
-        await history_gate.turn()  # sending a long page is a step of its own
     return diff_response(t, r, ctx.t0)
 
 

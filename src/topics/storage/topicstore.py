@@ -249,9 +249,6 @@ class SegmentSource:
         f = self.fs.open(self.name)
         try:
             f.no_readahead()
-            if hi - lo <= READ_PIECE_BYTES:
-                io_gate.before_read()
-                return f.pread(hi - lo, lo)
             parts = []
             for at in range(lo, hi, READ_PIECE_BYTES):
                 io_gate.before_read()
