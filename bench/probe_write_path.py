@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _client import AsyncConn, ServeProcess, SyncConn, build_request
+from bench_invariant import fadvise_dontneed
 
 PARTS = ("client_ms", "server_total_ms", "wal_append_ms", "fsync_ms")
 
@@ -101,15 +101,7 @@ def _get(srv: ServeProcess, path: str) -> bytes:
 
 def _evict(files: list[Path], stop: threading.Event) -> None:
     while not stop.wait(0.5):
-        for p in files:
-            try:
-                fd = os.open(p, os.O_RDONLY)
-            except FileNotFoundError:
-                continue
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+        fadvise_dontneed(files)
 
 
 def stats(values: list[float]) -> dict[str, float]:

@@ -450,9 +450,7 @@ class Topic:
         tags = self._tags
         if tags is None:
             tags = TagIndex()
-            arr = self.index.view()
-            fl = arr["flags"]
-            pos = np.flatnonzero((fl != DELETED) & ((fl & F_HAS_TAG) != 0)).tolist()
+            pos = self._tagged_positions().tolist()
             base = self.index.base_seq
             for p, buf, o, ln, hdr in self._frames(pos):
                 tag = frame_fields(buf, o, ln, hdr)[1]
@@ -469,10 +467,12 @@ class Topic:
         """
         if self._tags is not None:
             return []
-        arr = self.index.view()
-        fl = arr["flags"]
-        pos = np.flatnonzero((fl != DELETED) & ((fl & F_HAS_TAG) != 0))
-        return self.blocking_spans(pos.astype(np.int64) + self.index.base_seq)
+        return self.blocking_spans(self._tagged_positions() + self.index.base_seq)
+
+    def _tagged_positions(self) -> npt.NDArray[np.int64]:
+        """Slot positions (from `base_seq`) of the live records that carry a tag."""
+        fl = self.index.view()["flags"]
+        return np.flatnonzero((fl != DELETED) & ((fl & F_HAS_TAG) != 0)).astype(np.int64)
 
     def tags_stale(self) -> None:
         """Forget the tag index; the next delete that needs it rebuilds it from frames."""

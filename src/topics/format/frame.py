@@ -310,8 +310,7 @@ def segment_data_lens(data: Buf, offsets: npt.NDArray[np.int64]) -> npt.NDArray[
     out = np.zeros(len(offsets), np.int64)
     good = at[ok]
     if len(good):
-        b = raw[good[:, None] + np.arange(4)].astype(np.int64)
-        out[ok] = b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16) | (b[:, 3] << 24)
+        out[ok] = np.ascontiguousarray(raw[good[:, None] + np.arange(4)]).view("<u4")[:, 0]
     return out
 
 
