@@ -10,11 +10,12 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "topics.format._render",
-            sources=["src/topics/format/_render.c"],
+            f"topics.format.{name}",
+            sources=[f"src/topics/format/{name}.c"],
             include_dirs=["src/topics/format"],
             extra_compile_args=["-O3", "-std=c11"],
             optional=True,
         )
+        for name in ("_render", "_codec")
     ]
 )

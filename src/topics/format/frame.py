@@ -123,6 +123,9 @@ __all__ = [
     "encode_record",
     "encode_appends",
     "encode_batch",
+    "python_encode_batch",
+    "native_encode_batch",
+    "native_segment_frames",
     "BatchLayout",
     "FrameBuf",
     "layout_batch",
@@ -234,6 +237,20 @@ except ImportError:  # not built (no C compiler at install time): Python renders
 include_meta, include_data)` appends each record's wire object to `out` and
 returns None, or `(i, reason)` for the first frame i that does not verify
 (docs/ARCHITECTURE.md, "Compiled code").
+"""
+
+NativeEncodeBatch = Callable[[int, int, int, list[Any], bool], tuple[bytes, list[int]]]
+NativeSegmentFrames = Callable[[list[Any], object, object, object], bytes]
+native_encode_batch: NativeEncodeBatch | None
+native_segment_frames: NativeSegmentFrames | None
+try:
+    from topics.format._codec import encode_batch as native_encode_batch
+    from topics.format._codec import segment_frames as native_segment_frames
+except ImportError:  # not built: the Python loops encode
+    native_encode_batch = native_segment_frames = None
+"""The compiled frame encoders (`_codec.c`), or None where they were not built:
+`native_encode_batch` behind :func:`encode_batch`, `native_segment_frames` behind
+:func:`topics.storage.segment.segment_blob` (docs/ARCHITECTURE.md, "Compiled code").
 """
 
 # -- reading one record frame in place --------------------------------------------
@@ -586,7 +603,29 @@ def encode_appends(
 def encode_batch(
     topic_id: int, first_seq: int, ts: int, records: Iterable[RecordTuple], durable: bool
 ) -> tuple[bytes, list[int]]:
-    """:func:`encode_appends` plus the byte size of each frame, in order."""
+    """:func:`encode_appends` plus the byte size of each frame, in order.
+
+    Runs the compiled encoder (`_codec.c`) where it was built and the records are
+    tuples, else :func:`python_encode_batch`; both give the same bytes and raise
+    FrameError alike.
+    """
+    if native_encode_batch is not None:
+        recs = records if type(records) is list else list(records)
+        try:
+            return native_encode_batch(topic_id, first_seq, ts, recs, durable)
+        except OverflowError as e:
+            raise FrameError(f"frame field out of range: {e}") from None
+        except UnicodeEncodeError:
+            raise FrameError("node/tag is not encodable as UTF-8") from None
+        except TypeError:  # records of another shape: the reference loop takes them
+            records = recs
+    return python_encode_batch(topic_id, first_seq, ts, records, durable)
+
+
+def python_encode_batch(
+    topic_id: int, first_seq: int, ts: int, records: Iterable[RecordTuple], durable: bool
+) -> tuple[bytes, list[int]]:
+    """The reference encoder of :func:`encode_batch`: a Python loop per record."""
     pack, crc_pack = HEADER.pack, CHECKSUM.pack
     join = b"".join
     parts: list[bytes] = []

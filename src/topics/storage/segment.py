@@ -54,6 +54,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
+from topics.format.frame import native_segment_frames
 from topics.format.idx import IDX_ENTRY_DTYPE, IDX_ENTRY_SIZE
 from topics.storage.fs import File, Fs, write_all
 
@@ -624,6 +625,28 @@ class SegmentWriter:
         self.close()
 
 
+def _python_segment_frames(
+    bufs: Sequence[bytes | bytearray | mmap.mmap],
+    which: npt.NDArray[Any],
+    offs: npt.NDArray[Any],
+    blen: npt.NDArray[np.int64],
+) -> bytes:
+    """The reference loop of :func:`segment_blob`'s frames (the compiled one is
+    `native_segment_frames`)."""
+    o5 = offs.astype(np.int64) + 5  # [flags ..] starts after frame_len u32 and the type byte
+    xx = xxhash.xxh3_64_intdigest
+    pack_len = _U32.pack
+    views = [memoryview(b) for b in bufs]
+    pieces: list[bytes | memoryview] = []
+    add = pieces.append
+    for k, a, b in zip(np.asarray(which).tolist(), o5.tolist(), blen.tolist(), strict=True):
+        body = views[k][a : a + b]
+        add(pack_len(b + 8))
+        add(body)
+        add(xx(body).to_bytes(8, "little"))
+    return b"".join(pieces)
+
+
 def segment_blob(
     bufs: Sequence[bytes | bytearray | mmap.mmap],
     which: npt.NDArray[Any],
@@ -645,20 +668,16 @@ def segment_blob(
     by converting a run of records at a time, see the checkpointer).
     """
     n = len(offs)
-    o5 = offs.astype(np.int64) + 5  # [flags ..] starts after frame_len u32 and the type byte
     blen = lens.astype(np.int64) - 13  # [flags .. payload]: minus len, type and checksum
-    xx = xxhash.xxh3_64_intdigest
-    pack_len = _U32.pack
-    views = [memoryview(b) for b in bufs]
-    pieces: list[bytes | memoryview] = []
-    add = pieces.append
-    for k, a, b in zip(np.asarray(which).tolist(), o5.tolist(), blen.tolist(), strict=True):
-        body = views[k][a : a + b]
-        add(pack_len(b + 8))
-        add(body)
-        add(xx(body).to_bytes(8, "little"))
-    blob = b"".join(pieces)
-    del pieces, views
+    if native_segment_frames is not None:
+        blob = native_segment_frames(
+            list(bufs),
+            np.ascontiguousarray(which, np.int64),
+            np.ascontiguousarray(offs, np.int64),
+            np.ascontiguousarray(lens, np.int64),
+        )
+    else:
+        blob = _python_segment_frames(bufs, which, offs, blen)
     flen = blen + 12
     starts = np.zeros(n, np.int64)
     if n > 1:

@@ -1,0 +1,6 @@
+from typing import Any
+
+def encode_batch(
+    topic_id: int, first_seq: int, ts: int, records: list[Any], durable: bool, /
+) -> tuple[bytes, list[int]]: ...
+def segment_frames(bufs: list[Any], which: object, offs: object, lens: object, /) -> bytes: ...
