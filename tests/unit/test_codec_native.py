@@ -15,12 +15,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from topics.engine.records import NewRecord
+from topics.config import Limits
+from topics.engine.records import NewRecord, _prepare_each, prepare_records
+from topics.errors import TopicsError
 from topics.format.frame import (
     FrameError,
     encode_batch,
     encode_record,
     native_encode_batch,
+    native_prepare_records,
     native_segment_frames,
     python_encode_batch,
     scan,
@@ -29,7 +32,7 @@ from topics.format.frame import (
 from topics.storage.segment import _python_segment_frames, segment_blob
 
 pytestmark = pytest.mark.skipif(
-    native_encode_batch is None or native_segment_frames is None,
+    native_encode_batch is None or native_segment_frames is None or native_prepare_records is None,
     reason="compiled encoders not built",
 )
 
@@ -131,3 +134,68 @@ def test_encode_record_agrees_with_the_batch() -> None:
     r = NewRecord(b'{"x":[1,2]}', b'{"k":"v"}', "node-1", "tag-1", 0)
     blob, _ = encode_batch(4, 77, 5, [r], True)
     assert blob == encode_record(4, 77, 5, "node-1", "tag-1", r.data, r.meta, durable=True)
+
+
+# -- records on their way in -----------------------------------------------------------
+
+_small = Limits(
+    max_record_bytes=60, max_meta_bytes=24, max_meta_keys=2, max_tag_bytes=6, max_node_bytes=6
+)
+_field = st.none() | _text | st.integers(0, 3) | st.just("\ud800") | st.just("é" * 4)
+_raw_record = st.one_of(
+    st.dictionaries(
+        st.sampled_from(["data", "meta", "tag", "node", "other"]),
+        _json | _field,
+        max_size=5,
+    ),
+    _json,  # not an object at all
+)
+
+
+def _python(records, node, limits):
+    out: list[NewRecord] = []
+    try:
+        _prepare_each(records, node, out, 0, None, limits)
+    except TopicsError as e:
+        return e
+    return out
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.lists(_raw_record, min_size=1, max_size=6),
+    st.none() | st.sampled_from(["bn", "n2"]),
+    st.sampled_from([_small, Limits()]),
+)
+def test_prepare_records_fast_path_agrees(records, node, limits) -> None:
+    """The compiled loop gives the reference's records, or steps aside exactly where
+    the reference refuses the write (which then gives the error)."""
+    want = _python(records, node, limits)
+    got = native_prepare_records(
+        records,
+        node,
+        NewRecord,
+        orjson.dumps,
+        limits.max_record_bytes,
+        limits.max_meta_bytes,
+        limits.max_meta_keys,
+        limits.max_tag_bytes,
+        limits.max_node_bytes,
+    )
+    if isinstance(want, TopicsError):
+        assert got is None
+    else:
+        assert got == want
+        assert all(type(r) is NewRecord for r in got)
+
+
+def test_prepare_records_gives_the_errors_of_the_reference() -> None:
+    for records, code in [
+        ([{"data": 1}, {"meta": {}}], "invalid_request"),
+        ([{"data": "x" * 70}], "record_too_large"),
+        ([{"data": 1, "tag": 5}], "invalid_request"),
+        ([{"data": 1, "node": "\ud800"}], "invalid_request"),
+    ]:
+        with pytest.raises(TopicsError) as info:
+            prepare_records(records, None, _small)
+        assert info.value.code == code

@@ -17,6 +17,7 @@ import orjson
 
 from topics.config import Limits
 from topics.errors import TopicsError, bad_request
+from topics.format.frame import native_prepare_records
 
 __all__ = [
     "NewRecord",
@@ -249,6 +250,20 @@ def prepare_records(
     if len(records) > limits.max_batch_records:
         raise _batch_too_large(limits.max_batch_records, len(records))
     node = _check_batch_node(batch_node, limits.max_node_bytes)
+    if native_prepare_records is not None and type(records) is list:
+        fast = native_prepare_records(
+            records,
+            node,
+            NewRecord,
+            orjson.dumps,
+            limits.max_record_bytes,
+            limits.max_meta_bytes,
+            limits.max_meta_keys,
+            limits.max_tag_bytes,
+            limits.max_node_bytes,
+        )
+        if fast is not None:
+            return fast
     out: list[NewRecord] = []
     _prepare_each(records, node, out, 0, None, limits)
     return out

@@ -29,6 +29,17 @@
  *   byte, frame_len one less, with the XXH3-64 of its new body. Raises
  *   ValueError for a frame outside its buffer or shorter than a header.
  *   Large conversions run without the GIL.
+ *
+ * prepare_records(records, batch_node, record_type, dumps, max_record_bytes,
+ *                 max_meta_bytes, max_meta_keys, max_tag_bytes, max_node_bytes)
+ *     -> list | None
+ *
+ *   The common case of topics.engine.records._prepare_each: every record is a
+ *   dict whose `data` (and `meta`) `dumps` serialises, within every cap, with
+ *   a string or null `tag` and `node`. Returns the list of
+ *   record_type(data, meta, node, tag, nbytes, 0) values, or None as soon as a
+ *   record is anything else: the Python loop then runs from the start and
+ *   gives the error (docs/API.md, "7.1"). It never raises for a record.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -269,6 +280,142 @@ done:
     return blob;
 }
 
+
+/* -- records on their way in ------------------------------------------------------- */
+
+static PyObject *k_data, *k_meta, *k_tag, *k_node;
+
+#define EXACT_COPY_BYTES 512 /* see _EXACT_COPY_BYTES in topics/engine/records.py */
+
+/* dumps(value) as exact-size bytes, or NULL with no error set when it cannot be. */
+static PyObject *dump(PyObject *dumps, PyObject *value) {
+    PyObject *b = PyObject_CallOneArg(dumps, value);
+    if (b == NULL || !PyBytes_CheckExact(b)) {
+        PyErr_Clear();
+        Py_XDECREF(b);
+        return NULL;
+    }
+    Py_ssize_t n = PyBytes_GET_SIZE(b);
+    if (n > EXACT_COPY_BYTES) {
+        PyObject *c = PyBytes_FromStringAndSize(PyBytes_AS_STRING(b), n);
+        Py_DECREF(b);
+        if (c == NULL) PyErr_Clear();
+        return c;
+    }
+    return b;
+}
+
+/* A record's optional string field: 1 with *out (new ref, None for null or ""),
+   0 when it is anything the Python loop must judge. */
+static int opt_str(PyObject *rec, PyObject *key, Py_ssize_t max_bytes, PyObject **out) {
+    PyObject *v = PyDict_GetItemWithError(rec, key);
+    if (v == NULL && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (v == NULL || v == Py_None) {
+        *out = Py_NewRef(Py_None);
+        return 1;
+    }
+    if (!PyUnicode_Check(v)) return 0;
+    Py_ssize_t n;
+    if (PyUnicode_AsUTF8AndSize(v, &n) == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (n > max_bytes) return 0;
+    *out = Py_NewRef(n ? v : Py_None);
+    return 1;
+}
+
+static PyObject *one_record(PyObject *rec, PyObject *batch_node, PyTypeObject *rtype,
+                            PyObject *dumps, const Py_ssize_t *caps) {
+    /* caps: max_record_bytes, max_meta_bytes, max_meta_keys, max_tag_bytes, max_node_bytes */
+    if (!PyDict_CheckExact(rec)) return NULL;
+    PyObject *dv = PyDict_GetItemWithError(rec, k_data);
+    if (dv == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    PyObject *data = dump(dumps, dv);
+    if (data == NULL) return NULL;
+    PyObject *meta = NULL, *tag = NULL, *node = NULL, *nb = NULL, *r = NULL;
+    Py_ssize_t size = PyBytes_GET_SIZE(data);
+    PyObject *mv = PyDict_GetItemWithError(rec, k_meta);
+    if (mv == NULL && PyErr_Occurred()) goto fail;
+    if (mv != NULL && mv != Py_None) {
+        meta = dump(dumps, mv);
+        if (meta == NULL || PyBytes_GET_SIZE(meta) > caps[1]) goto fail;
+        if (PyDict_CheckExact(mv) && PyDict_GET_SIZE(mv) > caps[2]) goto fail;
+        size += PyBytes_GET_SIZE(meta);
+    } else {
+        meta = Py_NewRef(Py_None);
+    }
+    if (size > caps[0]) goto fail;
+    if (PyDict_GET_SIZE(rec) == 1) { /* only "data": the common case */
+        tag = Py_NewRef(Py_None);
+        node = Py_NewRef(batch_node);
+    } else {
+        if (!opt_str(rec, k_tag, caps[3], &tag)) goto fail;
+        PyObject *nv = PyDict_GetItemWithError(rec, k_node);
+        if (nv == NULL && PyErr_Occurred()) goto fail;
+        if (nv == NULL || nv == Py_None) {
+            node = Py_NewRef(batch_node);
+        } else if (!opt_str(rec, k_node, caps[4], &node)) {
+            goto fail;
+        }
+    }
+    nb = PyLong_FromSsize_t(size);
+    if (nb == NULL) goto fail;
+    r = rtype->tp_alloc(rtype, 6);
+    if (r == NULL) goto fail;
+    PyTuple_SET_ITEM(r, 0, data);
+    PyTuple_SET_ITEM(r, 1, meta);
+    PyTuple_SET_ITEM(r, 2, node);
+    PyTuple_SET_ITEM(r, 3, tag);
+    PyTuple_SET_ITEM(r, 4, nb);
+    PyTuple_SET_ITEM(r, 5, PyLong_FromLong(0)); /* a small int: never fails */
+    return r;
+fail:
+    PyErr_Clear();
+    Py_DECREF(data);
+    Py_XDECREF(meta);
+    Py_XDECREF(tag);
+    Py_XDECREF(node);
+    Py_XDECREF(nb);
+    return NULL;
+}
+
+static PyObject *prepare_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 9 || !PyList_CheckExact(args[0]) || !PyType_Check(args[2]) ||
+        !PyType_IsSubtype((PyTypeObject *)args[2], &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "prepare_records(records: list, batch_node, record_type: tuple type, "
+                        "dumps, max_record_bytes, max_meta_bytes, max_meta_keys, "
+                        "max_tag_bytes, max_node_bytes)");
+        return NULL;
+    }
+    Py_ssize_t caps[5];
+    for (int i = 0; i < 5; i++) {
+        caps[i] = PyLong_AsSsize_t(args[4 + i]);
+        if (caps[i] == -1 && PyErr_Occurred()) return NULL;
+    }
+    PyObject *recs = args[0];
+    Py_ssize_t n = PyList_GET_SIZE(recs);
+    PyObject *out = PyList_New(n);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *r = one_record(PyList_GET_ITEM(recs, i), args[1], (PyTypeObject *)args[2],
+                                 args[3], caps);
+        if (r == NULL) {
+            Py_DECREF(out);
+            Py_RETURN_NONE;
+        }
+        PyList_SET_ITEM(out, i, r);
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"encode_batch", encode_batch, METH_VARARGS,
      "encode_batch(topic_id, first_seq, ts, records, durable) -> (frames, sizes)\n\n"
@@ -276,6 +423,10 @@ static PyMethodDef methods[] = {
     {"segment_frames", segment_frames, METH_VARARGS,
      "segment_frames(bufs, which, offs, lens) -> bytes\n\n"
      "Segment frames for trusted WAL Append frames, back to back."},
+    {"prepare_records", (PyCFunction)(void (*)(void))prepare_records, METH_FASTCALL,
+     "prepare_records(records, batch_node, record_type, dumps, max_record_bytes, "
+     "max_meta_bytes, max_meta_keys, max_tag_bytes, max_node_bytes) -> list | None\n\n"
+     "The validated records of a write, or None for the Python loop to judge."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -289,5 +440,10 @@ PyMODINIT_FUNC PyInit__codec(void) {
         PyErr_SetString(PyExc_ImportError, "_codec needs a little-endian host");
         return NULL;
     }
+    k_data = PyUnicode_InternFromString("data");
+    k_meta = PyUnicode_InternFromString("meta");
+    k_tag = PyUnicode_InternFromString("tag");
+    k_node = PyUnicode_InternFromString("node");
+    if (!k_data || !k_meta || !k_tag || !k_node) return NULL;
     return PyModule_Create(&module);
 }

@@ -126,6 +126,7 @@ __all__ = [
     "python_encode_batch",
     "native_encode_batch",
     "native_segment_frames",
+    "native_prepare_records",
     "BatchLayout",
     "FrameBuf",
     "layout_batch",
@@ -241,16 +242,21 @@ returns None, or `(i, reason)` for the first frame i that does not verify
 
 NativeEncodeBatch = Callable[[int, int, int, list[Any], bool], tuple[bytes, list[int]]]
 NativeSegmentFrames = Callable[[list[Any], object, object, object], bytes]
+NativePrepareRecords = Callable[..., "list[Any] | None"]
 native_encode_batch: NativeEncodeBatch | None
 native_segment_frames: NativeSegmentFrames | None
+native_prepare_records: NativePrepareRecords | None
 try:
     from topics.format._codec import encode_batch as native_encode_batch
+    from topics.format._codec import prepare_records as native_prepare_records
     from topics.format._codec import segment_frames as native_segment_frames
 except ImportError:  # not built: the Python loops encode
-    native_encode_batch = native_segment_frames = None
-"""The compiled frame encoders (`_codec.c`), or None where they were not built:
+    native_encode_batch = native_segment_frames = native_prepare_records = None
+"""The compiled codec loops (`_codec.c`), or None where they were not built:
 `native_encode_batch` behind :func:`encode_batch`, `native_segment_frames` behind
-:func:`topics.storage.segment.segment_blob` (docs/ARCHITECTURE.md, "Compiled code").
+:func:`topics.storage.segment.segment_blob`, and `native_prepare_records`, the
+common case of :func:`topics.engine.records.prepare_records` (docs/ARCHITECTURE.md,
+"Compiled code").
 """
 
 # -- reading one record frame in place --------------------------------------------
