@@ -52,7 +52,7 @@ from topics.engine.events import (
 from topics.engine.journal import DONE, Handle, Journal, MemoryJournal
 from topics.engine.names import valid_topic_name
 from topics.engine.params import boolean, node_set, opt_str, opt_u64, predicate, u32, u64
-from topics.engine.records import MAX_KEY_BYTES, NewRecord, prepare_records
+from topics.engine.records import MAX_KEY_BYTES, NewRecord, batch_bytes, prepare_records
 from topics.engine.topic import (
     DedupeEntry,
     NodeInterner,
@@ -477,7 +477,7 @@ class Engine:
         mapped) `req.layout` stays None, and :meth:`begin_write` encodes the
         batch itself, refusing such a record in its turn (`400`).
         """
-        if req.layout is not None or sum(r.nbytes for r in req.records) < min_bytes:
+        if req.layout is not None or batch_bytes(req.records) < min_bytes:
             return
         if name not in self.topics and (
             req.create is False
@@ -580,7 +580,7 @@ class Engine:
         """
         cfg = t.config
         n = len(records)
-        nbytes = sum(r.nbytes for r in records)
+        nbytes = batch_bytes(records)
         if cfg.discard == "reject":
             if (cfg.cap_bytes and nbytes > cfg.cap_bytes) or (
                 cfg.cap_records and n > cfg.cap_records

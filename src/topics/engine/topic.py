@@ -34,7 +34,7 @@ from topics.engine.frames import (
     span_of,
 )
 from topics.engine.index import LOC_HOLE, NODE_UNKNOWN, SLOT_DTYPE, SlotIndex
-from topics.engine.records import NewRecord, Payload
+from topics.engine.records import NewRecord, Payload, batch_bytes
 from topics.engine.tags import TagIndex
 from topics.engine.topic_config import TopicConfig
 from topics.errors import TopicsError, bad_request
@@ -199,6 +199,7 @@ class PendingWrite:
     # as the records' bytes until the checkpointer copies them into a segment.
     frames: bytes | FrameBuf = b""
     sizes: list[int] = field(default_factory=list)
+    nbytes: int = 0  # the records' accounting bytes (docs/API.md, "4. Records")
 
     @property
     def last_seq(self) -> int:
@@ -588,10 +589,13 @@ class Topic:
         except FrameError as exc:
             raise bad_request(f"a record cannot be stored: {exc}") from None
         self.last_ts = ts
-        pw = PendingWrite(self, self.next_seq, records, ts, key, frames=frames, sizes=sizes)
+        nbytes = batch_bytes(records)
+        pw = PendingWrite(
+            self, self.next_seq, records, ts, key, frames=frames, sizes=sizes, nbytes=nbytes
+        )
         self.next_seq += len(records)
         self.pending_count += len(records)
-        self.pending_bytes += sum(r.nbytes for r in records)
+        self.pending_bytes += nbytes
         self.pending.append(pw)
         return pw
 
@@ -603,7 +607,7 @@ class Topic:
         while self.pending and self.pending[0].done:
             p = self.pending.popleft()
             self.pending_count -= len(p.records)
-            self.pending_bytes -= sum(r.nbytes for r in p.records)
+            self.pending_bytes -= p.nbytes
             if p.ok:
                 self._publish(p)
             else:
@@ -645,13 +649,16 @@ class Topic:
         if n > 1:
             np.cumsum(lens[:-1], out=rows["offset"][1:])
         rows["ts"] = ts
-        total = 0
-        plain = True  # no tag, node, meta or hops anywhere in the batch
-        for r in recs:
-            total += r.nbytes
-            if r.meta is not None or r.node is not None or r.tag is not None or r.hops:
-                plain = False
-        rows["bytes"] = [r.nbytes for r in recs]
+        if not n:
+            return rows, 0
+        # The batch's columns (data, meta, node, tag, nbytes, hops), transposed in C.
+        _data, metas, nodes, tags, nbytes, hops = zip(*recs, strict=True)
+        total = sum(nbytes)
+        rows["bytes"] = nbytes
+        # plain: no tag, node, meta or hops anywhere in the batch
+        plain = (
+            metas.count(None) == n and nodes.count(None) == n and tags.count(None) == n
+        ) and not any(hops)
         if not plain:
             intern = self._nodes.intern
             flags: list[int] = []
@@ -666,9 +673,9 @@ class Topic:
                 flags.append(f)
             rows["flags"] = flags
             if index_tags and self._tags is not None:
-                self._tags.add_many([r.tag for r in recs], first_seq)
-            rows["hops"] = [r.hops for r in recs]
-            rows["node"] = [intern(r.node) for r in recs]
+                self._tags.add_many(list(tags), first_seq)
+            rows["hops"] = hops
+            rows["node"] = [intern(x) for x in nodes]
         return rows, total
 
     def restore_write(
@@ -857,7 +864,7 @@ class Topic:
             self.pending.pop()
             self.next_seq = pw.first_seq
             self.pending_count -= len(pw.records)
-            self.pending_bytes -= sum(r.nbytes for r in pw.records)
+            self.pending_bytes -= pw.nbytes
         else:
             self.complete(pw, False)
 
