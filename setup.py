@@ -13,6 +13,7 @@ setup(
             f"topics.format.{name}",
             sources=[f"src/topics/format/{name}.c"],
             include_dirs=["src/topics/format"],
+            depends=["src/topics/format/_common.h"],
             extra_compile_args=["-O3", "-std=c11"],
             optional=True,
         )

@@ -41,10 +41,7 @@
  *   record is anything else: the Python loop then runs from the start and
  *   gives the error (docs/API.md, "7.1"). It never raises for a record.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
-#include <string.h>
+#include "_common.h"
 
 #define XXH_INLINE_ALL
 #include "_vendor/xxhash/xxhash.h"
@@ -60,9 +57,6 @@
 #define CRC 8
 #define NOGIL_BYTES (64 * 1024)
 
-static inline void wr16(char *p, uint16_t v) { memcpy(p, &v, 2); }
-static inline void wr32(char *p, uint32_t v) { memcpy(p, &v, 4); }
-static inline void wr64(char *p, uint64_t v) { memcpy(p, &v, 8); }
 
 /* One record's fields, borrowed from its tuple (the list keeps them alive). */
 typedef struct {
@@ -203,19 +197,6 @@ done:
     Py_XDECREF(sizes);
     PyMem_Free(rs);
     return res;
-}
-
-static int get_i64(PyObject *obj, Py_buffer *view, const char *what) {
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
-    if (view->itemsize != 8 || view->format == NULL ||
-        (strcmp(view->format, "q") != 0 && strcmp(view->format, "l") != 0 &&
-         strcmp(view->format, "<q") != 0 && strcmp(view->format, "<l") != 0 &&
-         strcmp(view->format, "=q") != 0 && strcmp(view->format, "=l") != 0)) {
-        PyErr_Format(PyExc_TypeError, "%s must be a contiguous int64 buffer", what);
-        PyBuffer_Release(view);
-        return -1;
-    }
-    return 0;
 }
 
 static PyObject *segment_frames(PyObject *self, PyObject *args) {

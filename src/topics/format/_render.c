@@ -26,10 +26,7 @@
  * so none of them can be resized or closed meanwhile); only the allocation of
  * the bytes objects and the appends hold it.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
-#include <string.h>
+#include "_common.h"
 
 #define XXH_INLINE_ALL
 #include "_vendor/xxhash/xxhash.h"
@@ -42,18 +39,6 @@
 #define F_HAS_NODE 0x02
 #define F_HAS_META 0x08
 #define F_RECORD_MASK (F_HAS_TAG | F_HAS_NODE | F_HAS_META)
-
-static inline uint16_t rd16(const unsigned char *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
-static inline uint32_t rd32(const unsigned char *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v; /* little-endian hosts only (checked at import) */
-}
-static inline uint64_t rd64(const unsigned char *p) {
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return v;
-}
 
 /* Decimal digits of v into out (no terminator); returns the count. */
 static Py_ssize_t put_i64(char *out, int64_t v) {
@@ -116,19 +101,6 @@ static char *put_json_str(char *w, const unsigned char *s, Py_ssize_t n) {
     }
     *w++ = '"';
     return w;
-}
-
-static int get_i64(PyObject *obj, Py_buffer *view, const char *what) {
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
-    if (view->itemsize != 8 || view->format == NULL ||
-        (strcmp(view->format, "q") != 0 && strcmp(view->format, "l") != 0 &&
-         strcmp(view->format, "<q") != 0 && strcmp(view->format, "=q") != 0 &&
-         strcmp(view->format, "<l") != 0 && strcmp(view->format, "=l") != 0)) {
-        PyErr_Format(PyExc_TypeError, "%s must be a contiguous int64 buffer", what);
-        PyBuffer_Release(view);
-        return -1;
-    }
-    return 0;
 }
 
 /* One record's parts, found by the planning pass. */
