@@ -565,6 +565,8 @@ Req = tuple[bytes, int]  # request bytes, replies expected
 class Side:
     """What a workload asks of a system: requests, connections, reads and checks."""
 
+    name = ""
+
     def __init__(self, srv: Server, klass: str) -> None:
         self.srv, self.klass = srv, klass
 
@@ -580,6 +582,8 @@ class Side:
 
 
 class TopicsSide(Side):
+    name = "topics"
+
     def _req(self, method: str, path: str, body: bytes | None) -> bytes:
         return build_request(method, path, body, host=f"{HOST}:{self.srv.port}")
 
@@ -650,6 +654,8 @@ class TopicsSide(Side):
 
 
 class RedisSide(Side):
+    name = "redis"
+
     def create(self, name: str) -> None:  # a stream exists from its first XADD
         c = self.sopen()
         c.roundtrip(resp(b"DEL", name.encode()))
@@ -712,6 +718,8 @@ STREAM = b"BENCH"
 
 class NatsSide(Side):
     """Every name is a subject `bench.<name>` of the one file-backed stream BENCH."""
+
+    name = "nats"
 
     def create(self, name: str) -> None:
         c = self.sopen()
@@ -938,13 +946,12 @@ def _live_level(bench: Bench, side: Side, mode: str, n: int, tmp: Path) -> dict[
     name = f"live.{mode}.{n}"
     side.create(name)
     out = tmp / f"deliveries-{name}.json"
-    system = type(side).__name__.removesuffix("Side").lower()
     child = Spawned(
         [
             sys.executable,
             str(Path(__file__).resolve()),
             "--_sub",
-            f"{system}:{mode}",
+            f"{side.name}:{mode}",
             "--_port",
             str(side.srv.port),
             "--_n",
