@@ -66,7 +66,7 @@ seqs), Redis with 100 replies, NATS with 100 ack messages.
 
 Usage::
 
-    python bench/bench_peers.py                        # 3 rounds, full sizes (~25 min)
+    python bench/bench_peers.py                        # 3 rounds, full sizes (~8 min)
     python bench/bench_peers.py --quick                # small sizes, 1 round (< 2 min)
     python bench/bench_peers.py --only ingest ack --rounds 5
     python bench/bench_peers.py --quick --peers none   # topics alone
