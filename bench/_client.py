@@ -36,12 +36,16 @@ __all__ = [
     "AsyncConn",
     "SSEParser",
     "SyncConn",
+    "CpuMeter",
+    "Spawned",
     "build_request",
+    "free_port",
     "parse_response",
     "percentile",
     "proc_cpu_s",
     "summarize",
     "system_busy_s",
+    "wait_quiet",
 ]
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -443,3 +447,139 @@ class ServeProcess:
             self.log.close()
         self.port_file.unlink(missing_ok=True)
         return self.proc.returncode
+
+
+# -- helpers for the scripts that start other processes (bench_peers) ------------------------
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (bind to port 0, read it back, close).
+
+    For servers that cannot report the port they bound (Redis, NATS); another process
+    may take it in between, which the caller sees as a failed start.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+#: Helper processes started and not stopped yet: killed at exit, whatever ended the script.
+_SPAWNED: set[Spawned] = set()
+
+
+@atexit.register
+def _stop_spawned() -> None:
+    for proc in list(_SPAWNED):
+        proc.stop(signal.SIGKILL, 10)
+
+
+class Spawned:
+    """Any process a script starts (a peer server, a subscriber process); stopped by its PID.
+
+    Output goes to `log` (appended) unless `stdout` is given. Killed at exit when the
+    script has not stopped it, like :class:`ServeProcess`; also a context manager.
+    """
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        log: Path | None = None,
+        *,
+        stdin: int | None = None,
+        stdout: int | None = None,
+        cwd: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.log = open(log, "ab") if log is not None else None  # closed in stop()
+        out: Any = stdout if stdout is not None else (self.log or subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            list(argv),
+            stdin=stdin,
+            stdout=out,
+            stderr=self.log if self.log is not None else None,
+            cwd=cwd,
+            env=env,
+        )
+        _SPAWNED.add(self)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def __enter__(self) -> Spawned:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 60.0) -> int | None:
+        """Send `sig`, wait (SIGKILL after `timeout_s`); returns the exit code."""
+        _SPAWNED.discard(self)
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        if self.log is not None and not self.log.closed:
+            self.log.close()
+        return self.proc.returncode
+
+
+class CpuMeter:
+    """CPU seconds over a span: the servers', the client's (this process and `client_pids`)
+    and everyone else's (the whole machine's busy time minus both)."""
+
+    def __init__(self, server_pids: Sequence[int], client_pids: Sequence[int] = ()) -> None:
+        self.server_pids, self.client_pids = tuple(server_pids), tuple(client_pids)
+
+    def _server(self) -> float:
+        return sum(proc_cpu_s(p) or 0.0 for p in self.server_pids)
+
+    def _client(self) -> float:
+        return time.process_time() + sum(proc_cpu_s(p) or 0.0 for p in self.client_pids)
+
+    def start(self) -> CpuMeter:
+        self.t0 = time.perf_counter()
+        self.s0, self.c0, self.b0 = self._server(), self._client(), system_busy_s()
+        return self
+
+    def stop(self) -> dict[str, float]:
+        wall = time.perf_counter() - self.t0
+        server = self._server() - self.s0
+        client = self._client() - self.c0
+        others = max(0.0, system_busy_s() - self.b0 - server - client)
+        return {
+            "wall_s": round(wall, 3),
+            "server_cpu_s": round(server, 3),
+            "server_cores": round(server / wall, 3),
+            "client_cpu_s": round(client, 3),
+            "client_cores": round(client / wall, 3),
+            "others_cores": round(others / wall, 3),
+        }
+
+
+def wait_quiet(
+    server_pids: Sequence[int],
+    client_pids: Sequence[int] = (),
+    *,
+    threshold: float = 0.1,
+    window_s: float = 1.0,
+    give_up_s: float = 20.0,
+) -> dict[str, Any]:
+    """Wait until processes not ours use < `threshold` cores over one `window_s`.
+
+    Gives up after `give_up_s`; the result says whether the machine was quiet and how
+    many cores the others used in the last window.
+    """
+    t0 = time.monotonic()
+    while True:
+        meter = CpuMeter(server_pids, client_pids).start()
+        time.sleep(window_s)
+        others = meter.stop()["others_cores"]
+        waited = time.monotonic() - t0
+        if others < threshold or waited >= give_up_s:
+            return {
+                "quiet": others < threshold,
+                "others_cores": others,
+                "waited_s": round(waited, 1),
+            }

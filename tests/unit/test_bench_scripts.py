@@ -1,4 +1,4 @@
-"""Smoke tests of bench/bench_invariant.py and bench/compare_revs.py.
+"""Smoke tests of bench/bench_invariant.py, bench/compare_revs.py and bench/bench_peers.py.
 
 The unit tests check the scripts' own logic (which metric is worse, pooling, page-cache
 helpers). The e2e ones run each script once at its smallest size and check the shape of
@@ -20,6 +20,7 @@ BENCH = ROOT / "bench"
 sys.path.insert(0, str(BENCH))
 
 import bench_invariant  # noqa: E402
+import bench_peers  # noqa: E402
 import compare_revs  # noqa: E402
 
 
@@ -166,3 +167,106 @@ def test_compare_revs_smallest_run(tmp_path: Path) -> None:
     assert report["trees"]["before"]["imports"].startswith(report["trees"]["before"]["path"])
     assert [row["metric"] for row in report["rows"]] == ["p50 µs", "p99 µs"]
     assert all(row["before"] and row["after"] for row in report["rows"])
+
+
+def test_peers_nats_parser_frames_across_chunks() -> None:
+    wire = (
+        b'INFO {"server_id":"x"}\r\nMSG _INBOX.0 1  27\r\n{"stream":"BENCH", "seq":1}\r\n'
+        b"PING\r\nMSG bench.a 1 $JS.ACK.BENCH.cu.1.2.2.9.0 5\r\nhe\r\no\r\n"
+        b"HMSG _INBOX.0 1 16 16\r\nNATS/1.0 503\r\n\r\n\r\n"
+    )
+    for cut in range(1, len(wire)):  # every split point gives the same messages
+        p = bench_peers.NatsParser()
+        msgs = p.feed(wire[:cut]) + p.feed(wire[cut:])
+        assert [(op, payload) for op, _, payload in msgs] == [
+            (b"INFO", b""),
+            (b"MSG", b'{"stream":"BENCH", "seq":1}'),
+            (b"PING", b""),
+            (b"MSG", b"he\r\no"),
+            (b"HMSG", b"NATS/1.0 503\r\n\r\n"),
+        ]
+    assert bench_peers.nats_error(msgs[1]) is None
+    assert bench_peers.nats_error(msgs[4]) == "NATS/1.0 503"
+    assert bench_peers.nats_error((b"MSG", [], b'{"error":{"code":503}}'))
+
+
+def test_peers_ws_parser_and_resp() -> None:
+    big = b"x" * 300
+    wire = (
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n"
+        + bytes([0x81, 5])
+        + b"hello"
+        + bytes([0x01, 2])  # a text message in two fragments
+        + b"ab"
+        + bytes([0x80, 1])
+        + b"c"
+        + bytes([0x81, 126])
+        + len(big).to_bytes(2, "big")
+        + big
+    )
+    for cut in (1, 40, 70, 72, len(wire) - 1):
+        p = bench_peers.WSParser()
+        assert p.feed(wire[:cut]) + p.feed(wire[cut:]) == [b"hello", b"abc", big]
+    frame = bench_peers.ws_frame(b"hi")
+    assert frame[0] == 0x81 and frame[1] == 0x82
+    assert bytes(b ^ frame[2 + (i & 3)] for i, b in enumerate(frame[6:])) == b"hi"
+    assert bench_peers.resp(b"XLEN", b"k") == b"*2\r\n$4\r\nXLEN\r\n$1\r\nk\r\n"
+    assert len(bench_peers.REC) == len(bench_peers.live_record(12345)) == 100
+
+
+def test_peers_table_medians_and_ratios() -> None:
+    def run(system: str, rps: int) -> dict[str, object]:
+        return {"workload": "ingest", "class": "fast", "system": system, "records_per_s": rps}
+
+    runs = [run("topics", 100), run("topics", 300), run("topics", 200), run("redis", 400)]
+    runs.append({"workload": "ingest", "class": "fast", "system": "nats", "error": "boom"})
+    text = bench_peers.table(runs, (1,))
+    line = next(x for x in text.splitlines() if "records/s" in x)
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[3:8] == ["**200** (100 / 300 / 200)", "400", "", "0.50", ""]
+    assert "durable" not in text  # rows nobody ran are left out
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_bench_peers_quick_topics_alone(tmp_path: Path) -> None:
+    out = tmp_path / "peers.json"
+    r = subprocess.run(
+        [sys.executable, str(BENCH / "bench_peers.py"), "--quick", "--peers", "none"]
+        + ["--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "| ingest | durable | records/s |" in r.stdout
+    report = json.loads(out.read_text())
+    assert report["params"]["peers"] == {
+        "redis": "not selected (--peers)",
+        "nats": "not selected (--peers)",
+    }
+    runs = report["runs"]
+    assert {r["system"] for r in runs} == {"topics"}
+    assert not [r for r in runs if "error" in r]
+    done = {(r["workload"], r["class"]) for r in runs}
+    assert done == {
+        ("ingest", "durable"),
+        ("ingest", "fast"),
+        ("ack", "durable"),
+        ("ack", "fast"),
+        ("live", "durable"),
+        ("live", "fast"),
+        ("catchup", "fast"),
+        ("restart", "fast"),
+    }
+    for r in runs:
+        if r["workload"] == "ingest":
+            assert r["records"] > 0 and r["stored_after"] >= r["records"] and r["errors"] == 0
+        if r["workload"] == "live":
+            assert set(r["levels"]) == {"sse_1", "ws_1", "sse_10", "ws_10"}
+            assert all(v["delivered"] == v["expected"] for v in r["levels"].values())
+        if r["workload"] == "catchup":
+            assert r["records"] == report["params"]["sizes"]["history"]
+        if r["workload"] == "restart":
+            assert r["restart_s"] > 0
