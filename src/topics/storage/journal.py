@@ -378,7 +378,8 @@ class WalJournal:
                     g[0], frames, False, _log_failure, acked_early=True, more=tuple(g[1:])
                 )
                 try:
-                    shard.submit(entry)
+                    if not shard.write_now(entry):
+                        shard.submit(entry)
                 except (WalFull, WalReadOnly) as exc:
                     # Already acknowledged: the shard must not carry on past this hole.
                     shard.latch(f"could not queue acknowledged frames: {exc!r}")
@@ -544,6 +545,7 @@ class WalJournal:
             "queue_depth": sum(s.queue_depth for s in self.shards),
             "queue_depth_peak": max((x.queue_depth_peak for x in m), default=0),
             "submit_full_total": sum(x.submit_full for x in m),
+            "direct_writes_total": sum(x.direct_writes for x in m),
             "read_only": any(s.read_only for s in self.shards),
             "disk_full": any(s.disk_full for s in self.shards),
             "fsync_count": sum(x.fsyncs for x in m),
@@ -568,6 +570,12 @@ class WalJournal:
             "counter",
             "Submissions refused with a full queue.",
             j["submit_full_total"],
+        )
+        one(
+            "topics_wal_direct_writes_total",
+            "counter",
+            "WAL entries written by the event loop itself, not handed to a writer thread.",
+            j["direct_writes_total"],
         )
         one("topics_wal_queue_depth", "gauge", "Queued WAL submissions.", j["queue_depth"])
         one(

@@ -91,12 +91,22 @@ DEFAULT_FILE_BYTES = 64 * 1024 * 1024
 DEFAULT_QUEUE_MAX = 4096
 DEFAULT_SYNC_INTERVAL_S = 0.005
 MAX_BATCH_BYTES = 8 * 1024 * 1024
+#: Entries up to this size that need no fsync may be written on the submitting
+#: thread (:meth:`WalShard.write_now`); larger ones go to the writer thread.
+WRITE_NOW_MAX_BYTES = 256 * 1024
 #: Parts of a write under this size are joined into one pwrite; larger ones are
 #: written from their own buffer.
 JOIN_MAX_BYTES = 1 << 20
 _ZERO_CHUNK = bytes(1 << 20)
 # The largest SyncMark frame: room for one is kept free at the end of every file.
 _MARK_ROOM = len(encode_control(SYNC_MARK, 0, {"synced": (1 << 64) - 1}))
+
+
+class _Wake:
+    """Queued to wake the writer thread when :meth:`WalShard.write_now` left it work."""
+
+
+_WAKE = _Wake()
 
 
 class WalFull(Exception):
@@ -184,6 +194,7 @@ class WalMetrics:
     rotations: int = 0
     sync_marks: int = 0
     submit_full: int = 0
+    direct_writes: int = 0  # entries written on the submitting thread (write_now)
     queue_depth_peak: int = 0
     fsync_micros_total: int = 0
     fsync_hist: list[int] = field(default_factory=lambda: [0] * 10)
@@ -640,7 +651,7 @@ class WalShard:
         self.sync_interval_s = sync_interval_s
         self.metrics = WalMetrics()
         self.read_only = False
-        self._q: queue.SimpleQueue[WalEntry | None] = queue.SimpleQueue()
+        self._q: queue.SimpleQueue[WalEntry | _Wake | None] = queue.SimpleQueue()
         self._depth = 0
         self._depth_lock = threading.Lock()
         self._file: File | None = None
@@ -673,6 +684,9 @@ class WalShard:
         self._stale_end = 0
         self._thread: threading.Thread | None = None
         self._stopped = False
+        # Held while the file, the tail offset or the disk-full state change: by the
+        # writer thread around each batch, sync and retry, and by write_now.
+        self._io = threading.Lock()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -878,6 +892,47 @@ class WalShard:
                 self.metrics.queue_depth_peak = self._depth
         self._q.put(entry)
 
+    def write_now(self, entry: WalEntry) -> bool:
+        """Write a page-cache-class entry on the calling thread, when nothing is ahead of it.
+
+        For an entry that needs no fsync (`entry.sync` false) and is at most
+        :data:`WRITE_NOW_MAX_BYTES`: when the writer holds nothing queued or in
+        hand, is not syncing, the disk is not full and the entry fits the active
+        file, the bytes are written here and `entry.done` runs before this
+        returns True. Otherwise it returns False and nothing happened: the caller
+        :meth:`submit`\ s the entry. Log order holds either way, since an entry is
+        written here only when every entry submitted before it is written.
+        (docs/ARCHITECTURE.md, "The write path".)
+        """
+        if (
+            entry.sync
+            or entry.size > WRITE_NOW_MAX_BYTES
+            or self.read_only
+            or self.disk_full
+            or self._stopped
+            or not self._io.acquire(blocking=False)
+        ):
+            return False
+        try:
+            if (
+                self._depth
+                or self._retained
+                or self._file is None
+                or self.disk_full
+                or self._offset + entry.size > min(self.capacity, self._size - _MARK_ROOM)
+            ):
+                return False
+            was_dirty = self._dirty
+            self._commit([entry])
+            self.metrics.direct_writes += 1
+            # The writer may be asleep with no timeout: wake it for the background
+            # sync (or the disk-full retry) this write now calls for.
+            if (self._dirty and not was_dirty) or self.disk_full:
+                self._q.put(_WAKE)
+            return True
+        finally:
+            self._io.release()
+
     # ------------------------------------------------------------ the writer
 
     def _run(self) -> None:
@@ -891,17 +946,18 @@ class WalShard:
             try:
                 first = q.get(timeout=timeout)
             except queue.Empty:
-                self._background_sync()
-                if self.disk_full and self.clock.monotonic() >= self._retry_at:
-                    self._retry()
+                with self._io:
+                    self._background_sync()
+                    if self.disk_full and self.clock.monotonic() >= self._retry_at:
+                        self._retry()
                 continue
             batch: list[WalEntry] = []
             size = 0
-            item: WalEntry | None = first
+            item: WalEntry | _Wake | None = first
             while True:
                 if item is None:
                     stopping = True
-                else:
+                elif not isinstance(item, _Wake):
                     batch.append(item)
                     size += item.size
                 if size >= MAX_BATCH_BYTES:
@@ -911,12 +967,16 @@ class WalShard:
                 except queue.Empty:
                     break
             if batch:
-                with self._depth_lock:
-                    self._depth -= len(batch)
-                self._commit(batch)
+                with self._io:
+                    # Counted until the lock is held, so write_now never overtakes
+                    # them: the lock is let go only once they are written.
+                    with self._depth_lock:
+                        self._depth -= len(batch)
+                    self._commit(batch)
             if stopping:
                 if self._retained:
-                    self._retry()
+                    with self._io:
+                        self._retry()
                 if self._retained:
                     log.error(
                         "wal %s: stopping with %d acknowledged entries unwritten: the disk "
@@ -924,10 +984,11 @@ class WalShard:
                         self.dir,
                         len(self._retained),
                     )
-                if self._offset > self._synced_offset:
-                    self._dirty = True  # a SyncMark (or anything) not synced yet
-                if self._dirty and not self.read_only:
-                    self._background_sync()
+                with self._io:
+                    if self._offset > self._synced_offset:
+                        self._dirty = True  # a SyncMark (or anything) not synced yet
+                    if self._dirty and not self.read_only:
+                        self._background_sync()
                 return
 
     def _background_sync(self) -> None:
@@ -935,14 +996,9 @@ class WalShard:
             return
         try:
             t0 = self.clock.monotonic()
-            offset = self._offset
-            with io_gate.sync():
-                self._file.fdatasync()
+            self._sync_active(concurrent=True, why="background fdatasync failed")
             self.metrics.observe_fsync(int((self.clock.monotonic() - t0) * 1e6))
-            self._dirty = False
-            self._synced_offset = offset
-        except OSError as exc:
-            self._sync_failed(f"background fdatasync failed: {exc}")
+        except OSError:
             return
         self._write_mark()
 
@@ -1116,7 +1172,7 @@ class WalShard:
             if any(e.sync for e in written[synced:]):
                 try:
                     t0 = self.clock.monotonic()
-                    self._sync_active()
+                    self._sync_active(concurrent=not self._retrying)
                     dt = self.clock.monotonic() - t0
                     self.metrics.observe_fsync(int(dt * 1e6))
                     fsync_ms = dt * 1000
@@ -1192,18 +1248,31 @@ class WalShard:
         self._new_file(self._next_index)
         self.metrics.rotations += 1
 
-    def _sync_active(self) -> None:
-        """fdatasync the active file; on failure clear its unsynced tail (latched) and re-raise."""
-        assert self._file is not None
+    def _sync_active(self, *, concurrent: bool = False, why: str = "fdatasync failed") -> None:
+        """fdatasync the active file; on failure clear its unsynced tail (latched) and re-raise.
+
+        With `concurrent` (the writer thread, holding the shard's lock) the lock is
+        let go for the sync itself, so :meth:`write_now` can append meanwhile:
+        the sync covers what was written before it began, and whatever was
+        appended during it leaves the shard dirty for the next one.
+        """
+        f = self._file
+        assert f is not None
         offset = self._offset
         try:
-            with io_gate.sync():
-                self._file.fdatasync()
+            if concurrent:
+                self._io.release()
+            try:
+                with io_gate.sync():
+                    f.fdatasync()
+            finally:
+                if concurrent:
+                    self._io.acquire()
         except OSError as exc:
-            self._sync_failed(f"fdatasync failed: {exc}")
+            self._sync_failed(f"{why}: {exc}")
             raise
-        self._dirty = False
         self._synced_offset = offset
+        self._dirty = self._offset > offset
 
     def _sync_failed(self, why: str) -> None:
         """An fdatasync of the active file failed: latch read-only, clear the unsynced tail.
