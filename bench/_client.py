@@ -267,13 +267,14 @@ def summarize(values_ns: Iterable[int], scale: float = 1e3) -> dict[str, float]:
     vals = sorted(values_ns)
     if not vals:
         return {"n": 0}
+    nd = 1 if scale <= 1e3 else 3  # 0.1 µs, or 1 µs in ms: a 5% step at 0.5 ms must show
     return {
         "n": len(vals),
-        "p50": round(percentile(vals, 0.50) / scale, 1),
-        "p99": round(percentile(vals, 0.99) / scale, 1),
-        "p999": round(percentile(vals, 0.999) / scale, 1),
-        "max": round(vals[-1] / scale, 1),
-        "mean": round(sum(vals) / len(vals) / scale, 1),
+        "p50": round(percentile(vals, 0.50) / scale, nd),
+        "p99": round(percentile(vals, 0.99) / scale, nd),
+        "p999": round(percentile(vals, 0.999) / scale, nd),
+        "max": round(vals[-1] / scale, nd),
+        "mean": round(sum(vals) / len(vals) / scale, nd),
     }
 
 

@@ -16,6 +16,7 @@ from topics.format.frame import APPEND, Frame, encode_record
 from topics.storage.fs import Data, RealFile, RealFs
 from topics.storage.wal import (
     JOIN_MAX_BYTES,
+    WRITE_NOW_MAX_BYTES,
     WalDamage,
     WalEntry,
     WalFull,
@@ -344,3 +345,103 @@ def test_disk_full_retries_follow_the_shard_clock(tmp_path: Path) -> None:
     clock.advance(10)
     assert w.wait(1)[0][1] and not shard.disk_full
     shard.close()
+
+
+# -- writes on the submitting thread (docs/ARCHITECTURE.md, "The write path") ----------
+
+
+class _HeldFile(RealFile):
+    """A RealFile whose fdatasync waits while its filesystem holds syncs."""
+
+    __slots__ = ("owner",)
+
+    def __init__(self, fd: int, path: str, owner: _SlowSyncFs) -> None:
+        super().__init__(fd, path)
+        self.owner = owner
+
+    def fdatasync(self) -> None:
+        if self.owner.hold:
+            self.owner.in_sync.set()
+            assert self.owner.release.wait(10)
+        super().fdatasync()
+
+
+class _SlowSyncFs(RealFs):
+    """RealFs whose fdatasync waits until released, to hold the writer in a sync."""
+
+    def __init__(self) -> None:
+        self.in_sync = threading.Event()
+        self.release = threading.Event()
+        self.hold = False
+
+    def open(
+        self, path: str, *, create: bool = False, write: bool = False, exclusive: bool = False
+    ) -> RealFile:
+        f = super().open(path, create=create, write=write, exclusive=exclusive)
+        return _HeldFile(f.fd, f.path, self)
+
+
+def test_write_now_writes_on_the_caller_when_nothing_is_ahead(tmp_path: Path) -> None:
+    d = str(tmp_path / "w")
+    shard, _ = WalShard.open(RealFs(), d, file_bytes=FILE, sync_interval_s=0.01)
+    w = Waiter()
+    caller = threading.get_ident()
+    seen: list[int] = []
+
+    def cb(e: WalEntry, ok: bool, ms: float) -> None:
+        seen.append(threading.get_ident())
+        w.cb(e, ok, ms)
+
+    syncs = shard.metrics.fsyncs
+    assert shard.write_now(WalEntry(rec(1), 1, sync=False, done=cb))
+    assert seen == [caller]  # completed before write_now returned, on this thread
+    # The writer was woken for the background sync the direct write left due.
+    deadline = time.monotonic() + 5
+    while shard.metrics.fsyncs == syncs and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert shard.metrics.fsyncs == syncs + 1
+    assert not shard.write_now(WalEntry(rec(2), 1, sync=True, done=cb))  # an fsync: the writer's
+    shard.submit(WalEntry(rec(2), 1, sync=True, done=cb))
+    w.wait(2)
+    shard.close()
+    assert shard.metrics.direct_writes == 1
+    assert [f.seq for _, f in scan_shard(RealFs(), d).frames] == [1, 2]
+
+
+def test_write_now_never_overtakes_queued_entries(tmp_path: Path) -> None:
+    """An entry queued first is written first; during the writer's fdatasync the loop
+    may append, and what it appended stays due for the next sync."""
+    d = str(tmp_path / "w")
+    fs = _SlowSyncFs()
+    shard, _ = WalShard.open(fs, d, file_bytes=FILE, sync_interval_s=0.01)
+    w = Waiter()
+    fs.hold = True
+    shard.submit(WalEntry(rec(1), 1, sync=True, done=w.cb))
+    assert fs.in_sync.wait(10)  # the writer wrote seq 1 and sits in its fdatasync
+    assert shard.write_now(WalEntry(rec(2), 1, sync=False, done=w.cb))  # appended meanwhile
+    shard.submit(WalEntry(rec(3), 1, sync=True, done=w.cb))  # queued behind the sync
+    assert not shard.write_now(WalEntry(rec(4), 1, sync=False, done=w.cb))  # 3 is ahead
+    shard.submit(WalEntry(rec(4), 1, sync=False, done=w.cb))
+    fs.hold = False
+    fs.release.set()
+    w.wait(4)
+    shard.close()
+    assert all(ok for _, ok, _ in w.done)
+    assert [f.seq for _, f in scan_shard(RealFs(), d).frames] == [1, 2, 3, 4]
+    assert shard.metrics.direct_writes == 1
+
+
+def test_write_now_steps_aside_for_a_large_entry_or_a_full_file(tmp_path: Path) -> None:
+    shard, _ = WalShard.open(RealFs(), str(tmp_path / "w"), file_bytes=384 * 1024)
+    w = Waiter()
+
+    def sized(seq: int, n: int) -> bytes:
+        return encode_record(7, seq, 1, None, None, b'"' + b"x" * n + b'"', None, durable=True)
+
+    assert not shard.write_now(WalEntry(sized(1, WRITE_NOW_MAX_BYTES), 1, sync=False, done=w.cb))
+    assert shard.write_now(WalEntry(sized(1, 200_000), 1, sync=False, done=w.cb))
+    # The next one needs a new file: rotating is the writer's job.
+    assert not shard.write_now(WalEntry(sized(2, 200_000), 1, sync=False, done=w.cb))
+    shard.close()
+    assert not shard.write_now(WalEntry(rec(3), 1, sync=False, done=w.cb))  # closed
+    assert len(w.done) == 1

@@ -863,9 +863,10 @@ class WalShard:
         self._q.put(None)
         if self._thread is not None:
             self._thread.join()
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        with self._io:  # no write_now is under way on another thread
+            if self._file is not None:
+                self._file.close()
+                self._file = None
 
     # ------------------------------------------------------------ submission
 
