@@ -338,14 +338,15 @@ def get_path(d: Any, path: str) -> Any:
 
 
 # -- the server under test -------------------------------------------------------------
-#: Servers started and not stopped yet: stopped at exit, whatever ended the script.
-_RUNNING: set[ServeProcess] = set()
+#: Servers and helper processes started and not stopped yet (:class:`ServeProcess`,
+#: :class:`Spawned`): killed at exit, whatever ended the script.
+_RUNNING: set[Any] = set()
 
 
 @atexit.register
 def _stop_leftovers() -> None:
-    for srv in list(_RUNNING):
-        srv.stop(signal.SIGKILL, 10)
+    for proc in list(_RUNNING):
+        proc.stop(signal.SIGKILL, 10)
 
 
 class ServeProcess:
@@ -462,16 +463,6 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-#: Helper processes started and not stopped yet: killed at exit, whatever ended the script.
-_SPAWNED: set[Spawned] = set()
-
-
-@atexit.register
-def _stop_spawned() -> None:
-    for proc in list(_SPAWNED):
-        proc.stop(signal.SIGKILL, 10)
-
-
 class Spawned:
     """Any process a script starts (a peer server, a subscriber process); stopped by its PID.
 
@@ -499,7 +490,7 @@ class Spawned:
             cwd=cwd,
             env=env,
         )
-        _SPAWNED.add(self)
+        _RUNNING.add(self)
 
     @property
     def pid(self) -> int:
@@ -513,7 +504,7 @@ class Spawned:
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 60.0) -> int | None:
         """Send `sig`, wait (SIGKILL after `timeout_s`); returns the exit code."""
-        _SPAWNED.discard(self)
+        _RUNNING.discard(self)
         if self.proc.poll() is None:
             os.kill(self.proc.pid, sig)
             try:

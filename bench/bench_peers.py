@@ -214,38 +214,26 @@ class RespSync:
         self.sock.close()
 
 
-class RespAsync(asyncio.Protocol):
-    """An asyncio Redis connection; one pipeline in flight, `roundtrip(req, n)`."""
+class _Pipelined(asyncio.Protocol):
+    """An asyncio connection with one request (or pipeline) in flight: `roundtrip(req, n)`
+    writes `req` and waits until `n` replies have arrived (subclasses collect them in
+    `got` and call :meth:`_settle`)."""
 
     def __init__(self) -> None:
-        self.reader = hiredis.Reader()
         self.got: list[Any] = []
         self.need = 0
         self.waiter: asyncio.Future[list[Any]] | None = None
         self.transport: Any = None
 
-    @classmethod
-    async def open(cls, port: int) -> RespAsync:
-        _, proto = await asyncio.get_running_loop().create_connection(cls, HOST, port)
-        return proto
-
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
         nodelay(transport.get_extra_info("socket"))
 
-    def data_received(self, data: bytes) -> None:
-        reader, got = self.reader, self.got
-        reader.feed(data)
-        while (x := reader.gets()) is not False:
-            got.append(x)
+    def _settle(self) -> None:
         w = self.waiter
-        if w is not None and len(got) >= self.need:
-            self.waiter, self.got = None, []
+        if w is not None and len(self.got) >= self.need:
+            got, self.waiter, self.got = self.got, None, []
             w.set_result(got)
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_exception(exc or ConnectionError("redis closed the connection"))
 
     async def roundtrip(self, req: bytes, n: int) -> list[Any]:
         fut: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
@@ -255,6 +243,30 @@ class RespAsync(asyncio.Protocol):
 
     def close(self) -> None:
         self.transport.close()
+
+
+class RespAsync(_Pipelined):
+    """An asyncio Redis connection; one pipeline in flight, `roundtrip(req, n)`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reader = hiredis.Reader()
+
+    @classmethod
+    async def open(cls, port: int) -> RespAsync:
+        _, proto = await asyncio.get_running_loop().create_connection(cls, HOST, port)
+        return proto
+
+    def data_received(self, data: bytes) -> None:
+        reader, got = self.reader, self.got
+        reader.feed(data)
+        while (x := reader.gets()) is not False:
+            got.append(x)
+        self._settle()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(exc or ConnectionError("redis closed the connection"))
 
 
 def redis_errors(replies: list[Any]) -> str | None:
@@ -360,18 +372,15 @@ class NatsSync:
         self.sock.close()
 
 
-class NatsAsync(asyncio.Protocol):
+class NatsAsync(_Pipelined):
     """An asyncio NATS connection with its own reply inbox; `roundtrip(req, n)` waits for
     n messages on it (one request or batch in flight)."""
 
     def __init__(self, inbox: bytes) -> None:
+        super().__init__()
         self.inbox = inbox
         self.parser = NatsParser()
-        self.got: list[Msg] = []
-        self.need = 0
-        self.waiter: asyncio.Future[list[Msg]] | None = None
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.transport: Any = None
 
     @classmethod
     async def open(cls, port: int, inbox: bytes) -> NatsAsync:
@@ -382,8 +391,7 @@ class NatsAsync(asyncio.Protocol):
         return proto
 
     def connection_made(self, transport: Any) -> None:
-        self.transport = transport
-        nodelay(transport.get_extra_info("socket"))
+        super().connection_made(transport)
         transport.write(NATS_CONNECT + b"SUB %s 1\r\nPING\r\n" % self.inbox)
 
     def data_received(self, data: bytes) -> None:
@@ -398,25 +406,13 @@ class NatsAsync(asyncio.Protocol):
                 self.ready.set_result(None)
             elif op == b"-ERR":
                 self.connection_lost(ConnectionError(repr(m)))
-        w = self.waiter
-        if w is not None and len(got) >= self.need:
-            self.waiter, self.got = None, []
-            w.set_result(got)
+        self._settle()
 
     def connection_lost(self, exc: BaseException | None) -> None:
         err = exc or ConnectionError("nats closed the connection")
         for fut in (self.waiter, self.ready):
             if fut is not None and not fut.done():
                 fut.set_exception(err)
-
-    async def roundtrip(self, req: bytes, n: int) -> list[Msg]:
-        fut: asyncio.Future[list[Msg]] = asyncio.get_running_loop().create_future()
-        self.waiter, self.need = fut, n
-        self.transport.write(req)
-        return await fut
-
-    def close(self) -> None:
-        self.transport.close()
 
 
 def nats_acks_failed(msgs: list[Msg]) -> str | None:

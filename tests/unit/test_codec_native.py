@@ -14,9 +14,11 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.support.jsonvalues import json_values as _json
+from tests.support.jsonvalues import short_text as _text
 
 from topics.config import Limits
-from topics.engine.records import NewRecord, _prepare_each, prepare_records
+from topics.engine.records import NewRecord, _prepare_each, native_prepare, prepare_records
 from topics.errors import TopicsError
 from topics.format.frame import (
     FrameError,
@@ -36,12 +38,6 @@ pytestmark = pytest.mark.skipif(
     reason="compiled encoders not built",
 )
 
-_text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
-_json = st.recursive(
-    st.none() | st.booleans() | st.integers(-(10**12), 10**12) | _text,
-    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(_text, kids, max_size=3),
-    max_leaves=6,
-)
 _record = st.builds(
     lambda data, meta, node, tag: NewRecord(
         orjson.dumps(data), None if meta is None else orjson.dumps(meta), node, tag, 0
@@ -171,17 +167,7 @@ def test_prepare_records_fast_path_agrees(records, node, limits) -> None:
     """The compiled loop gives the reference's records, or steps aside exactly where
     the reference refuses the write (which then gives the error)."""
     want = _python(records, node, limits)
-    got = native_prepare_records(
-        records,
-        node,
-        NewRecord,
-        orjson.dumps,
-        limits.max_record_bytes,
-        limits.max_meta_bytes,
-        limits.max_meta_keys,
-        limits.max_tag_bytes,
-        limits.max_node_bytes,
-    )
+    got = native_prepare(records, node, limits)
     if isinstance(want, TopicsError):
         assert got is None
     else:

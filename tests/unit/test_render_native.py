@@ -14,18 +14,14 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.support.jsonvalues import json_values as _json
+from tests.support.jsonvalues import short_text as _text
 
 from topics.engine.frames import FrameCorrupt, python_render
 from topics.format.frame import SEG_HDR, WAL_HDR, encode_record, native_render
 
 pytestmark = pytest.mark.skipif(native_render is None, reason="compiled renderer not built")
 
-_text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
-_json = st.recursive(
-    st.none() | st.booleans() | st.integers(-(10**12), 10**12) | _text,
-    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(_text, kids, max_size=3),
-    max_leaves=6,
-)
 _record = st.tuples(
     _json,  # data
     st.none() | _json,  # meta

@@ -251,23 +251,33 @@ def prepare_records(
     if len(records) > limits.max_batch_records:
         raise _batch_too_large(limits.max_batch_records, len(records))
     node = _check_batch_node(batch_node, limits.max_node_bytes)
-    if native_prepare_records is not None and type(records) is list:
-        fast = native_prepare_records(
-            records,
-            node,
-            NewRecord,
-            orjson.dumps,
-            limits.max_record_bytes,
-            limits.max_meta_bytes,
-            limits.max_meta_keys,
-            limits.max_tag_bytes,
-            limits.max_node_bytes,
-        )
-        if fast is not None:
-            return fast
+    fast = native_prepare(records, node, limits)
+    if fast is not None:
+        return fast
     out: list[NewRecord] = []
     _prepare_each(records, node, out, 0, None, limits)
     return out
+
+
+def native_prepare(
+    records: list[Any], batch_node: str | None, limits: Limits
+) -> list[NewRecord] | None:
+    """The compiled loop's records (`format/_codec.c`), or None when it is not built,
+    `records` is not a list, or a record is anything but the common valid case (the
+    Python loop then judges the write; docs/ARCHITECTURE.md, "Compiled code")."""
+    if native_prepare_records is None or type(records) is not list:
+        return None
+    return native_prepare_records(
+        records,
+        batch_node,
+        NewRecord,
+        orjson.dumps,
+        limits.max_record_bytes,
+        limits.max_meta_bytes,
+        limits.max_meta_keys,
+        limits.max_tag_bytes,
+        limits.max_node_bytes,
+    )
 
 
 # orjson.dumps builds its output in a buffer with room to spare and then shrinks
