@@ -6,8 +6,9 @@ uncommitted changes included), then runs ``bench/bench_server.py --repeat 1 --on
 once per phase and tree, alternating: for each round, for each phase, before then after.
 Each run starts its own server, ``python -m topics serve`` with
 ``PYTHONPATH=<tree>/src``, so the server is the tree's code; the benchmark client is the
-*after* tree's ``bench/bench_server.py`` for both sides (one client, two servers). The
-script checks that each tree's ``topics`` really is the one imported.
+*after* tree's ``bench/bench_server.py`` for both sides (one client, two servers), or
+the one in the checkout that ``--client`` names. The script checks that each tree's
+``topics`` really is the one imported.
 
 Per phase metric it reports the median over ``--rounds`` of each side, the ratio
 after / before, and flags a metric whose *after* is more than ``--threshold`` (5%) worse:
@@ -288,6 +289,12 @@ def main() -> int:
     ap.add_argument("--repo", type=Path, default=ROOT, help="repository of the revisions")
     ap.add_argument("--keep", action="store_true", help="keep the exported trees")
     ap.add_argument(
+        "--client",
+        type=Path,
+        help="checkout whose bench/bench_server.py is the client of both sides "
+        "(default: the after tree's); e.g. `.` to measure old trees with today's client",
+    )
+    ap.add_argument(
         "--json", type=Path, default=HERE / "results" / "compare.json", help="output JSON path"
     )
     args, forward = ap.parse_known_args()
@@ -305,9 +312,10 @@ def main() -> int:
         }
         for side in ("before", "after"):
             info[side]["imports"] = check_import(Path(info[side]["path"]))
-        bench = Path(info["after"]["path"]) / "bench" / "bench_server.py"
+        client = args.client.resolve() if args.client else Path(info["after"]["path"])
+        bench = client / "bench" / "bench_server.py"
         if not bench.exists():
-            raise SystemExit(f"{bench} does not exist: the after tree has no bench_server.py")
+            raise SystemExit(f"{bench} does not exist: no bench_server.py to run as the client")
         print(
             f"# compare_revs: before {info['before'].get('commit', args.before)[:9]}, "
             f"after {info['after'].get('commit', args.after)[:9]}; phases {' '.join(phases)}; "
