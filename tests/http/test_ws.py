@@ -437,3 +437,39 @@ def test_slow_reader_gets_everything_in_order() -> None:
                 ] == [(a["to_seq"], a["to_seq"]) for a in recs[:-1]]
 
     run(body)
+
+
+def test_outbox_direct_sends_keep_the_order_of_queued_messages() -> None:
+    """A message sent from the producer's task goes out at once only when nothing is queued
+    or being sent; otherwise it waits its turn, and the slots all come back."""
+
+    async def body() -> None:
+        gate = asyncio.Event()
+        sent: list[str] = []
+
+        async def slow_send(msg: dict[str, Any]) -> None:
+            if not gate.is_set():
+                await gate.wait()
+            sent.append(msg["text"])
+
+        ob = Outbox(slow_send)
+        writer = asyncio.create_task(ob.run())
+        await ob.reserve()
+        first = asyncio.create_task(ob.send(b"a"))  # idle: sent from this task
+        await asyncio.sleep(0)
+        await ob.put(b"b")  # a reply while "a" is in flight: queued
+        await ob.reserve()
+        await ob.send(b"c")  # behind "b": queued, returns at once
+        assert not first.done() and sent == []
+        gate.set()
+        await first
+        await ob.flushed()
+        assert sent == ["a", "b", "c"]
+        await ob.reserve()
+        await ob.send(b"d")  # idle again: direct
+        assert sent == ["a", "b", "c", "d"]
+        for _ in range(OUTBOX_SLOTS):  # every slot is free again
+            await asyncio.wait_for(ob.reserve(), 1)
+        writer.cancel()
+
+    run(body)

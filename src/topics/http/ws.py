@@ -72,7 +72,13 @@ class WsError(Exception):
 
 
 class Outbox:
-    """A tiny bounded outbound queue: at most `slots` messages reserved, queued or in flight."""
+    """A tiny bounded outbound queue: at most `slots` messages reserved, queued or in flight.
+
+    Messages leave in the order they were queued, one send at a time. :meth:`send`
+    hands a message to the socket from the caller's own task when nothing is queued
+    or being sent (one task step per delivered message instead of two);
+    otherwise it queues it for :meth:`run`.
+    """
 
     def __init__(self, send: Any, slots: int = OUTBOX_SLOTS) -> None:
         self._send = send
@@ -81,6 +87,7 @@ class Outbox:
         self._ready = Waker(asyncio.get_running_loop())
         self._idle = asyncio.Event()
         self._idle.set()
+        self._sending = False
 
     async def reserve(self) -> None:
         """Wait for a free slot (before building the message that will fill it)."""
@@ -99,23 +106,40 @@ class Outbox:
         await self.reserve()
         self.push(msg)
 
+    async def send(self, msg: bytes) -> None:
+        """Send a message in a slot taken with :meth:`reserve`: at once, from this task,
+        when the outbox is idle, else queued behind what is ahead of it."""
+        if self._q or self._sending:
+            self.push(msg)
+            return
+        await self._emit(msg)
+
+    async def _emit(self, msg: bytes) -> None:
+        self._sending = True
+        self._idle.clear()
+        try:
+            await self._send({"type": "websocket.send", "text": msg.decode()})
+        finally:
+            self._sending = False
+            self._sem.release()
+            if self._q:
+                self._ready.set()  # queued meanwhile: run() takes it from here
+            else:
+                self._idle.set()
+
     async def flushed(self) -> None:
         """Wait until every queued message has been handed to the socket."""
         await self._idle.wait()
 
     async def run(self) -> None:
         q = self._q
-        send = self._send
         while True:
-            while not q:
-                self._idle.set()
+            while not q or self._sending:
+                if not q and not self._sending:
+                    self._idle.set()
                 self._ready.clear()
                 await self._ready.wait()
-            msg = q.popleft()
-            try:
-                await send({"type": "websocket.send", "text": msg.decode()})
-            finally:
-                self._sem.release()
+            await self._emit(q.popleft())
 
 
 @dataclass(slots=True, eq=False)
@@ -428,7 +452,7 @@ class Connection:
                             if self.subs.get(name) is not sub:
                                 ob.unreserve()
                                 break
-                        ob.push(render_ws(ev))
+                        await ob.send(render_ws(ev))
                     if sub.delivery.deleted:
                         self._drop(name, sub)
                         break
