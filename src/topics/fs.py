@@ -66,17 +66,6 @@ class File(Protocol):
         """
         ...
 
-    def pread_resident(self, size: int, offset: int) -> bytes | None:
-        """Up to `size` bytes at `offset`, read only if no disk read is needed.
-
-        The bytes when the page cache holds all of them (short only at the end
-        of the file), else None; nothing is read from the disk and nothing is
-        read ahead. For reads on the event loop that must not wait for the disk
-        (docs/ARCHITECTURE.md, "The read path"). A `Fs` that cannot tell answers
-        None.
-        """
-        ...
-
     def no_readahead(self) -> None:
         """Read only the bytes asked for from this handle: no speculative readahead.
 

@@ -41,56 +41,10 @@ def _all_seqs(records: list[bytes]) -> list[int]:
 
 
 @pytest.fixture
-def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The filled store, its segment bytes treated as not in the page cache: every
-    read of them goes to the read pool (the test below lifts that)."""
-    monkeypatch.setattr(SegmentSource, "resident", lambda self, lo, hi: None)
+def store(tmp_path: Path) -> Any:
     with RealStore(str(tmp_path / "data")) as s:
         _fill(s)
         yield s
-
-
-def test_bytes_in_the_page_cache_are_read_in_place(tmp_path: Path) -> None:
-    """A span the page cache holds is read on the loop without waiting for the disk
-    (`File.pread_resident`), so a warm diff never goes to the pool; the records are
-    those a blocking read gives."""
-    with RealStore(str(tmp_path / "data")) as s:
-        _fill(s)
-        t = s.eng().require("hist")
-        src = next(x for x in t.sources.values() if isinstance(x, SegmentSource))
-        fs_file = src.fs.open(src.name)
-        try:
-            resident = fs_file.pread_resident(4096, 0)
-        finally:
-            fs_file.close()
-        if resident is None:
-            pytest.skip("this filesystem cannot read without waiting (no RWF_NOWAIT)")
-        assert resident == src.fetch(0, 4096)
-        pool = ReadPool(1)
-
-        async def scan() -> list[bytes]:
-            out: list[bytes] = []
-            cur = 0
-            while True:
-                p = DiffParams(from_seq=cur, limit=700, budget=1 << 20)
-                _t, r = await pool.run(lambda p=p: s.eng().diff("hist", p))
-                out.extend(r.records)
-                if r.caught_up:
-                    return out
-                cur = r.next_from_seq
-
-        got = s.run(scan())
-        pool.close()
-        assert _all_seqs(got) == list(range(1, N + 1))
-        assert pool.fetches == 0  # just written, so cached: never a trip to the pool
-        ahead = ReadAhead()
-        token = read_ahead.set(ahead)
-        try:
-            buf, base = span_of(src, 0, 100)  # read in place, kept for the read's later spans
-            assert base == 0 and bytes(buf[:100]) == src.fetch(0, 100)
-            assert ahead.get(src, 10, 90) is not None
-        finally:
-            read_ahead.reset(token)
 
 
 def test_a_diff_over_segments_reads_no_file_on_the_loop(

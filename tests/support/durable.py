@@ -891,9 +891,6 @@ class _GateFile:
     def map(self) -> Any:
         return self.inner.map()
 
-    def pread_resident(self, size: int, offset: int) -> bytes | None:
-        return self.inner.pread_resident(size, offset)
-
     def no_readahead(self) -> None:
         self.inner.no_readahead()
 

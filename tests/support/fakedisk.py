@@ -741,10 +741,6 @@ class FakeFile:
         """Never: an in-memory file has no descriptor to map (readers use pread)."""
         return None
 
-    def pread_resident(self, size: int, offset: int) -> bytes | None:
-        """Never: reads of these files go through `pread` and its faults."""
-        return None
-
     def no_readahead(self) -> None:
         """Nothing to do: an in-memory file reads nothing ahead."""
 
@@ -1010,10 +1006,6 @@ class FaultFile:
         """Never: a mapped read would bypass the `pread` faults."""
         return None
 
-    def pread_resident(self, size: int, offset: int) -> bytes | None:
-        """Never: such a read would bypass the `pread` faults."""
-        return None
-
     def no_readahead(self) -> None:
         self.inner.no_readahead()
 
@@ -1217,9 +1209,6 @@ class MonitorFile:
 
     def map(self) -> mmap.mmap | None:
         return self.inner.map()  # reads are not watched
-
-    def pread_resident(self, size: int, offset: int) -> bytes | None:
-        return self.inner.pread_resident(size, offset)
 
     def no_readahead(self) -> None:
         self.inner.no_readahead()

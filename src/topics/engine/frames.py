@@ -81,8 +81,7 @@ class FrameSource(Protocol):
     `[lo, hi)` are `buf[lo - base : hi - base]`. Raises OSError or FrameCorrupt
     when the bytes cannot be read. A `blocking` source (a file) also has
     `fetch(lo, hi) -> bytes`: the same bytes read with its own handle, safe to
-    call from any thread; and `resident(lo, hi) -> bytes | None`: bytes from `lo`
-    covering `[lo, hi)`, only when no disk read is needed.
+    call from any thread.
     """
 
     hdr: int
@@ -93,8 +92,6 @@ class FrameSource(Protocol):
     def span(self, lo: int, hi: int) -> tuple[Buf, int]: ...
 
     def fetch(self, lo: int, hi: int) -> bytes: ...
-
-    def resident(self, lo: int, hi: int) -> bytes | None: ...
 
 
 class ColdRead(Exception):
@@ -141,21 +138,15 @@ read_ahead: ContextVar[ReadAhead | None] = ContextVar("topics_read_ahead", defau
 def span_of(src: FrameSource, lo: int, hi: int) -> tuple[Buf, int]:
     """`src.span(lo, hi)`, or the bytes fetched ahead when :data:`read_ahead` is set.
 
-    With :data:`read_ahead` set, a blocking source's span that was not fetched
-    ahead is read in place when the page cache holds it (`src.resident`), else
-    ColdRead is raised. OSError or FrameCorrupt from the source.
+    Raises ColdRead when a blocking source's span was not fetched ahead; OSError
+    or FrameCorrupt from the source.
     """
     if src.blocking:
         ahead = read_ahead.get()
         if ahead is not None:
             got = ahead.get(src, lo, hi)
             if got is None:
-                # In the page cache already: read in place, no trip to the read pool.
-                buf = src.resident(lo, hi)
-                if buf is None:
-                    raise ColdRead(src, lo, hi)
-                ahead.add(src, lo, buf)
-                return buf, lo
+                raise ColdRead(src, lo, hi)
             return got
     return src.span(lo, hi)
 
@@ -183,9 +174,6 @@ class Chunk:
         return self.buf, 0
 
     def fetch(self, lo: int, hi: int) -> bytes:
-        return bytes(self.buf[lo:hi])
-
-    def resident(self, lo: int, hi: int) -> bytes | None:
         return bytes(self.buf[lo:hi])
 
 

@@ -29,9 +29,6 @@ from topics.fs import Data, File, Fs
 __all__ = ["Fs", "File", "RealFs", "RealFile", "Data", "write_all"]
 
 
-_RWF_NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)
-
-
 class RealFile:
     """A raw OS file descriptor (no Python buffering)."""
 
@@ -64,20 +61,6 @@ class RealFile:
         if size == 0:
             return None  # mmap refuses an empty file
         return mmap.mmap(self.fd, size, access=mmap.ACCESS_READ)
-
-    def pread_resident(self, size: int, offset: int) -> bytes | None:
-        # preadv with RWF_NOWAIT (Linux 4.14+) fails with EAGAIN instead of waiting
-        # for the disk, and reads a prefix when only part of the range is cached.
-        if _RWF_NOWAIT is None:
-            return None
-        buf = bytearray(size)
-        try:
-            n = os.preadv(self.fd, [buf], offset, _RWF_NOWAIT)
-        except OSError:  # EAGAIN (not cached), EOPNOTSUPP (the filesystem can't)
-            return None
-        if n < size and offset + n < self.size():
-            return None  # only a prefix is cached
-        return bytes(memoryview(buf)[:n])
 
     def no_readahead(self) -> None:
         os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)

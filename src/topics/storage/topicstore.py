@@ -54,7 +54,6 @@ from topics.format.idx import (
 )
 from topics.storage.fs import File, Fs, read_file, write_all
 from topics.storage.iogate import READ_PIECE_BYTES, io_gate
-from topics.storage.reads import READ_AHEAD_BYTES
 from topics.storage.segment import (
     IDX_ENTRY_SIZE,
     SegmentWriter,
@@ -260,21 +259,6 @@ class SegmentSource:
             return b"".join(parts)
         finally:
             f.close()
-
-    def resident(self, lo: int, hi: int) -> bytes | None:
-        """The bytes from `lo` through at least `hi` (and up to :data:`READ_AHEAD_BYTES`
-        past `lo`) when the page cache holds them all, read without waiting for the
-        disk; None when any of them would need a disk read (docs/ARCHITECTURE.md,
-        "The read path"). Any thread; a handle of its own, like :meth:`fetch`.
-        """
-        f = self.fs.open(self.name)
-        try:
-            buf = f.pread_resident(max(hi, lo + READ_AHEAD_BYTES) - lo, lo)
-        finally:
-            f.close()
-        if buf is None or lo + len(buf) < hi:
-            return None
-        return buf
 
     def _mapped(self) -> mmap.mmap | None:
         """Map the sealed file (pool lock held, no handle held yet).
