@@ -50,7 +50,7 @@ _record = st.builds(
 _u64 = st.integers(0, 2**64 - 1)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     st.lists(_record, min_size=0, max_size=20),
     _u64,
@@ -92,7 +92,7 @@ def test_encode_batch_takes_other_record_shapes() -> None:
     assert encode_batch(3, 10, 99, iter(recs), False) == python_encode_batch(3, 10, 99, recs, False)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(st.lists(_record, min_size=1, max_size=6), min_size=1, max_size=4), st.data())
 def test_segment_frames_same_bytes(batches, data) -> None:
     bufs, which, offs, lens = [], [], [], []
@@ -157,7 +157,7 @@ def _python(records, node, limits):
     return out
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=250, deadline=None)
 @given(
     st.lists(_raw_record, min_size=1, max_size=6),
     st.none() | st.sampled_from(["bn", "n2"]),
