@@ -27,7 +27,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 __all__ = [
     "ServeProcess",
@@ -349,7 +349,61 @@ def _stop_leftovers() -> None:
         proc.stop(signal.SIGKILL, 10)
 
 
-class ServeProcess:
+class Spawned:
+    """Any process a script starts (a peer server, a subscriber process); stopped by its PID.
+
+    Output goes to `log` (appended) unless `stdout` is given. Killed at exit when the
+    script has not stopped it; also a context manager. :class:`ServeProcess` is one.
+    """
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        log: Path | None = None,
+        *,
+        stdin: int | None = None,
+        stdout: int | None = None,
+        cwd: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.log = open(log, "ab") if log is not None else None  # closed in stop()
+        out: Any = stdout if stdout is not None else (self.log or subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            list(argv),
+            stdin=stdin,
+            stdout=out,
+            stderr=self.log if self.log is not None else None,
+            cwd=cwd,
+            env=env,
+        )
+        _RUNNING.add(self)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 60.0) -> int | None:
+        """Send `sig`, wait (SIGKILL after `timeout_s`); returns the exit code."""
+        _RUNNING.discard(self)
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        if self.log is not None and not self.log.closed:
+            self.log.close()
+        return self.proc.returncode
+
+
+class ServeProcess(Spawned):
     """`python -m topics serve` on 127.0.0.1:0 over `data_dir`; stopped by its PID.
 
     Every `TOPICS_*` variable of this process is dropped; the server gets host
@@ -382,22 +436,14 @@ class ServeProcess:
         )
         full.update(env or {})
         self.log_path = log
-        self.log = open(log, "ab")  # closed in stop()
         self.host = "127.0.0.1"
         self.port = 0
         t0 = time.perf_counter()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "topics", "serve"],
-            env=full,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            cwd=cwd,
-        )
-        _RUNNING.add(self)
+        super().__init__([sys.executable, "-m", "topics", "serve"], log, cwd=cwd, env=full)
         deadline = time.monotonic() + ready_timeout_s
         while True:
             if self.proc.poll() is not None:
-                self.log.close()
+                self.stop()
                 tail = log.read_text(errors="replace")[-3000:]
                 raise RuntimeError(f"server exited during startup:\n{tail}")
             if not self.port:
@@ -421,34 +467,15 @@ class ServeProcess:
             return False
 
     @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
-
-    def __enter__(self) -> ServeProcess:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 120.0) -> int | None:
         """Send `sig` (SIGTERM: a graceful stop), wait (SIGKILL after `timeout_s`);
         returns the exit code."""
-        _RUNNING.discard(self)
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, sig)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        if not self.log.closed:
-            self.log.close()
+        code = super().stop(sig, timeout_s)
         self.port_file.unlink(missing_ok=True)
-        return self.proc.returncode
+        return code
 
 
 # -- helpers for the scripts that start other processes (bench_peers) ------------------------
@@ -461,60 +488,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
-
-
-class Spawned:
-    """Any process a script starts (a peer server, a subscriber process); stopped by its PID.
-
-    Output goes to `log` (appended) unless `stdout` is given. Killed at exit when the
-    script has not stopped it, like :class:`ServeProcess`; also a context manager.
-    """
-
-    def __init__(
-        self,
-        argv: Sequence[str],
-        log: Path | None = None,
-        *,
-        stdin: int | None = None,
-        stdout: int | None = None,
-        cwd: Path | None = None,
-        env: dict[str, str] | None = None,
-    ) -> None:
-        self.log = open(log, "ab") if log is not None else None  # closed in stop()
-        out: Any = stdout if stdout is not None else (self.log or subprocess.DEVNULL)
-        self.proc = subprocess.Popen(
-            list(argv),
-            stdin=stdin,
-            stdout=out,
-            stderr=self.log if self.log is not None else None,
-            cwd=cwd,
-            env=env,
-        )
-        _RUNNING.add(self)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def __enter__(self) -> Spawned:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 60.0) -> int | None:
-        """Send `sig`, wait (SIGKILL after `timeout_s`); returns the exit code."""
-        _RUNNING.discard(self)
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, sig)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        if self.log is not None and not self.log.closed:
-            self.log.close()
-        return self.proc.returncode
 
 
 class CpuMeter:
