@@ -624,11 +624,11 @@ class Topic:
     def _publish(self, p: PendingWrite) -> None:
         n = len(p.records)
         loc = self.add_chunk(Chunk(p.frames, p.first_seq, p.last_seq))
-        rows, total = self._batch_rows(p.records, p.sizes, p.ts, p.first_seq)
+        rows = self._batch_rows(p.records, p.sizes, p.ts, p.first_seq)
         rows["loc"] = loc
         self.index.append_rows(rows)
         self.head_seq = p.last_seq
-        self._add_live(n, total)
+        self._add_live(n, p.nbytes)
         self.last_write_ms = p.ts
 
     def _batch_rows(
@@ -639,9 +639,9 @@ class Topic:
         first_seq: int,
         *,
         index_tags: bool = True,
-    ) -> tuple[Any, int]:
-        """Slot rows (without `loc`) of a batch whose frames sit back to back, and
-        its payload bytes; with `index_tags`, its tags join the tag index."""
+    ) -> Any:
+        """Slot rows (without `loc`) of a batch whose frames sit back to back; with
+        `index_tags`, its tags join the tag index."""
         n = len(recs)
         rows = np.zeros(n, SLOT_DTYPE)
         lens = np.array(sizes, dtype=np.uint32)
@@ -650,10 +650,9 @@ class Topic:
             np.cumsum(lens[:-1], out=rows["offset"][1:])
         rows["ts"] = ts
         if not n:
-            return rows, 0
+            return rows
         # The batch's columns (data, meta, node, tag, nbytes, hops), transposed in C.
         _data, metas, nodes, tags, nbytes, hops = zip(*recs, strict=True)
-        total = sum(nbytes)
         rows["bytes"] = nbytes
         # plain: no tag, node, meta or hops anywhere in the batch
         plain = (
@@ -661,22 +660,17 @@ class Topic:
         ) and not any(hops)
         if not plain:
             intern = self._nodes.intern
-            flags: list[int] = []
-            for r in recs:
-                f = 0
-                if r.tag is not None:
-                    f = F_HAS_TAG
-                if r.node is not None:
-                    f |= F_HAS_NODE
-                if r.meta is not None:
-                    f |= F_HAS_META
-                flags.append(f)
-            rows["flags"] = flags
+            rows["flags"] = [
+                (F_HAS_TAG if t is not None else 0)
+                | (F_HAS_NODE if nd is not None else 0)
+                | (F_HAS_META if m is not None else 0)
+                for m, nd, t in zip(metas, nodes, tags, strict=True)
+            ]
             if index_tags and self._tags is not None:
                 self._tags.add_many(list(tags), first_seq)
             rows["hops"] = hops
             rows["node"] = [intern(x) for x in nodes]
-        return rows, total
+        return rows
 
     def restore_write(
         self,
@@ -699,7 +693,7 @@ class Topic:
         head = self.head_seq
         if not n or last <= head or self.pending:
             return 0
-        rows, _total = self._batch_rows(records, sizes, ts, first_seq, index_tags=False)
+        rows = self._batch_rows(records, sizes, ts, first_seq, index_tags=False)
         skip = max(head + 1 - first_seq, 0)
         if skip:
             rows = rows[skip:]
