@@ -29,10 +29,13 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Self
 
+import orjson
+
 __all__ = [
     "ServeProcess",
     "ChunkRecorder",
     "get_path",
+    "open_watch_streams",
     "AsyncConn",
     "SSEParser",
     "SyncConn",
@@ -326,6 +329,34 @@ class ChunkRecorder(asyncio.Protocol):
     def connection_lost(self, exc: BaseException | None) -> None:
         if not self.ready.done():
             self.ready.set_exception(exc or ConnectionError("stream closed before it started"))
+
+
+async def open_watch_streams(
+    host: str, port: int, topic: str, n: int
+) -> tuple[AsyncConn, list[ChunkRecorder]]:
+    """`n` SSE streams on `topic` from its head: one watch session each (`POST /v0/watch`
+    with `tail`, on the returned control connection), each stream a :class:`ChunkRecorder`.
+
+    Raises RuntimeError when a session is refused. The caller waits for `ready`.
+    """
+    loop = asyncio.get_running_loop()
+    hostport = f"{host}:{port}"
+    ctl = await AsyncConn.open(host, port)
+    create = build_request(
+        "POST", "/v0/watch", orjson.dumps({"topics": {topic: {"tail": True}}}), host=hostport
+    )
+    streams: list[ChunkRecorder] = []
+    for _ in range(n):
+        st, b = await ctl.roundtrip(create)
+        if st != 200:
+            raise RuntimeError(f"POST /v0/watch: {st} {b[:200]!r}")
+        url = orjson.loads(b)["stream_url"]
+        transport, rec = await loop.create_connection(ChunkRecorder, host, port)
+        transport.write(
+            build_request("GET", url, headers=[("Accept", "text/event-stream")], host=hostport)
+        )
+        streams.append(rec)
+    return ctl, streams
 
 
 def get_path(d: Any, path: str) -> Any:

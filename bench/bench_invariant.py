@@ -79,11 +79,11 @@ sys.path.insert(0, str(HERE))
 
 from _client import (  # noqa: E402
     AsyncConn,
-    ChunkRecorder,
     ServeProcess,
     SSEParser,
     SyncConn,
     build_request,
+    open_watch_streams,
     proc_cpu_s,
     summarize,
     system_busy_s,
@@ -315,25 +315,13 @@ def _say(line: str) -> None:
 
 async def _watcher_main(host: str, port: int, topic: str, out: Path) -> None:
     loop = asyncio.get_running_loop()
-    hostport = f"{host}:{port}"
-    ctl = await AsyncConn.open(host, port)
-    create = build_request(
-        "POST", "/v0/watch", orjson.dumps({"topics": {topic: {"tail": True}}}), host=hostport
-    )
-    st, b = await ctl.roundtrip(create)
-    if st != 200:
-        raise RuntimeError(f"POST /v0/watch: {st} {b[:200]!r}")
-    url = orjson.loads(b)["stream_url"]
-    transport, stream = await loop.create_connection(ChunkRecorder, host, port)
-    transport.write(
-        build_request("GET", url, headers=[("Accept", "text/event-stream")], host=hostport)
-    )
+    ctl, (stream,) = await open_watch_streams(host, port, topic, 1)
     await asyncio.wait_for(stream.ready, 60)
     commands = _stdin_lines(loop)
     _say("READY")
     while await commands.get() not in ("STOP", ""):
         pass
-    transport.close()
+    stream.transport.close()
     ctl.close()
     deliveries: list[tuple[int, int]] = []  # (record index, latency ns)
     parser = SSEParser()

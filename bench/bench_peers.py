@@ -107,7 +107,6 @@ sys.path.insert(0, str(HERE))
 
 from _client import (  # noqa: E402
     AsyncConn,
-    ChunkRecorder,
     CpuMeter,
     ServeProcess,
     Spawned,
@@ -115,6 +114,7 @@ from _client import (  # noqa: E402
     SyncConn,
     build_request,
     free_port,
+    open_watch_streams,
     summarize,
     wait_quiet,
 )
@@ -1273,24 +1273,11 @@ async def _subscribers_main(system: str, mode: str, port: int, n: int, name: str
     """The subscriber process: `n` subscriptions, READY, wait for a line on stdin, then
     parse what arrived and write (subscriber, record index, latency ns) triples."""
     loop = asyncio.get_running_loop()
-    hostport = f"{HOST}:{port}"
     subs: list[Any] = []
     ctl: AsyncConn | None = None
     if system == "topics" and mode == "sse":
-        ctl = await AsyncConn.open(HOST, port)
-        create = build_request(
-            "POST", "/v0/watch", orjson.dumps({"topics": {name: {"tail": True}}}), host=hostport
-        )
-        for _ in range(n):
-            st, b = await ctl.roundtrip(create)
-            if st != 200:
-                raise RuntimeError(f"POST /v0/watch: {st} {b[:200]!r}")
-            url = orjson.loads(b)["stream_url"]
-            tr, rec = await loop.create_connection(ChunkRecorder, HOST, port)
-            tr.write(
-                build_request("GET", url, headers=[("Accept", "text/event-stream")], host=hostport)
-            )
-            subs.append(rec)
+        ctl, streams = await open_watch_streams(HOST, port, name, n)
+        subs += streams
     else:
         for k in range(n):
             if system == "topics":

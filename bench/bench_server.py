@@ -63,12 +63,12 @@ sys.path.insert(0, str(HERE))
 
 from _client import (  # noqa: E402
     AsyncConn,
-    ChunkRecorder,
     ServeProcess,
     SSEParser,
     SyncConn,
     build_request,
     get_path,
+    open_watch_streams,
     proc_cpu_s,
     summarize,
     system_busy_s,
@@ -399,22 +399,7 @@ def phase_diff(tg: Target, quick: bool) -> dict[str, Any]:
 # -- 4. SSE write-to-deliver latency ------------------------------------------------------
 async def _watchers_main(host: str, port: int, topic: str, n: int, out: Path) -> None:
     loop = asyncio.get_running_loop()
-    ctl = await AsyncConn.open(host, port)
-    hostport = f"{host}:{port}"
-    create = build_request(
-        "POST", "/v0/watch", orjson.dumps({"topics": {topic: {"tail": True}}}), host=hostport
-    )
-    streams: list[ChunkRecorder] = []
-    for _ in range(n):
-        st, b = await ctl.roundtrip(create)
-        if st != 200:
-            raise RuntimeError(f"POST /v0/watch: {st} {b[:200]!r}")
-        url = orjson.loads(b)["stream_url"]
-        transport, w = await loop.create_connection(ChunkRecorder, host, port)
-        transport.write(
-            build_request("GET", url, headers=[("Accept", "text/event-stream")], host=hostport)
-        )
-        streams.append(w)
+    ctl, streams = await open_watch_streams(host, port, topic, n)
     await asyncio.wait_for(asyncio.gather(*(w.ready for w in streams)), 60)
     cpu0 = sum(os.times()[:2])
     sys.stdout.write("READY\n")
