@@ -46,15 +46,7 @@
 #define XXH_INLINE_ALL
 #include "_vendor/xxhash/xxhash.h"
 
-#define APPEND 1
-#define F_HAS_TAG 0x01
-#define F_HAS_NODE 0x02
-#define F_DURABLE 0x04
-#define F_HAS_META 0x08
-#define F_BATCH_MORE 0x10
-#define WAL_HDR 38   /* frame_len u32, type, flags, topic_id, seq, ts, lens */
-#define FIXED 34     /* header bytes counted by frame_len */
-#define CRC 8
+#define FIXED (WAL_HDR - 4) /* header bytes counted by frame_len */
 #define NOGIL_BYTES (64 * 1024)
 
 

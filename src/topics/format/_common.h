@@ -1,6 +1,7 @@
 /*
- * Helpers shared by the compiled parts of the codec (_render.c, _codec.c):
- * little-endian field access and the int64 column buffers they take from numpy.
+ * Helpers shared by the compiled parts of the codec (_render.c, _codec.c): the
+ * frame layout, little-endian field access and the int64 column buffers they
+ * take from numpy.
  * Both modules check at import that the host is little-endian.
  */
 #ifndef TOPICS_FORMAT_COMMON_H
@@ -10,6 +11,18 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+
+/* The frame layout both modules read or write (docs/FORMATS.md, "Frames"; the
+   Python side is topics/format/frame.py). */
+#define APPEND 1
+#define F_HAS_TAG 0x01
+#define F_HAS_NODE 0x02
+#define F_DURABLE 0x04
+#define F_HAS_META 0x08
+#define F_BATCH_MORE 0x10
+#define F_RECORD_MASK (F_HAS_TAG | F_HAS_NODE | F_HAS_META)
+#define WAL_HDR 38 /* frame_len u32, type, flags, topic_id, seq, ts, the three lengths */
+#define CRC 8      /* the XXH3-64 that ends every frame */
 
 static inline uint16_t rd16(const unsigned char *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 static inline uint32_t rd32(const unsigned char *p) {

@@ -31,14 +31,9 @@
 #define XXH_INLINE_ALL
 #include "_vendor/xxhash/xxhash.h"
 
-#define CRC 8
 #define FLAGS_BACK 33
 #define SEQ_BACK 24
 #define LENS_BACK 8
-#define F_HAS_TAG 0x01
-#define F_HAS_NODE 0x02
-#define F_HAS_META 0x08
-#define F_RECORD_MASK (F_HAS_TAG | F_HAS_NODE | F_HAS_META)
 
 /* Decimal digits of v into out (no terminator); returns the count. */
 static Py_ssize_t put_i64(char *out, int64_t v) {
