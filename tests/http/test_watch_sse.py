@@ -16,7 +16,7 @@ from tests.support.live import Sse, live_app
 
 from topics.engine import watch as watch_module
 from topics.http.app import TopicsApp
-from topics.http.watch import Waker
+from topics.http.watch import Waker, fanout
 
 Env = dict[str, str]
 
@@ -450,6 +450,48 @@ def test_frames_of_one_pass_share_one_write(fast_heartbeats: None) -> None:
             writer.close()
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
+
+    run(body)
+
+
+@pytest.mark.timeout(30)
+def test_publication_served_to_parked_streams_by_one_callback() -> None:
+    """Parked streams get a publication from the shared fan-out, written directly, in order."""
+
+    async def body() -> None:
+        async with serve() as (_app, c):
+            await c.put("/v0/topics/fan")
+            port = int(str(c.base_url).rsplit(":", 1)[1].rstrip("/"))
+            streams = []
+            for _ in range(20):
+                w = await watch(c, {"topics": {"fan": {}}})
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(f"GET {w['stream_url']} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                chunks = _chunks(reader)
+                assert await anext(chunks) == b"retry: 2000\n\n"
+                assert b"event: caught-up" in await anext(chunks)
+                streams.append((writer, chunks))
+            fan = fanout(asyncio.get_running_loop())
+            runs0, writes0 = fan.runs, fan.writes
+            for i in range(1, 11):
+                await write(c, "fan", i)
+                for _writer, chunks in streams:
+                    got = await anext(chunks)
+                    frames = [f for f in got.split(b"\n\n") if f]
+                    assert [f.split(b"\n")[1] for f in frames] == [
+                        b"event: record",
+                        b"event: caught-up",
+                    ]
+                    rec = orjson.loads(frames[0].split(b"\n")[2][len(b"data: ") :])
+                    assert rec["from_seq"] == i - 1 and rec["to_seq"] == i
+                    assert [r["data"] for r in rec["records"]] == [i]
+            # every delivery went out from the fan-out: ten callbacks, one write per stream each
+            assert fan.writes - writes0 == 200
+            assert fan.runs - runs0 == 10
+            for writer, _ in streams:
+                writer.close()
+                with contextlib.suppress(OSError):
+                    await writer.wait_closed()
 
     run(body)
 

@@ -4,15 +4,46 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
 from topics.errors import TopicsError
 
-__all__ = ["Resp", "json_resp", "error_resp", "error_body", "perf", "safe_text"]
+__all__ = [
+    "Resp",
+    "json_resp",
+    "error_resp",
+    "error_body",
+    "perf",
+    "safe_text",
+    "DIRECT_BODY",
+    "BodyWriter",
+    "direct_body",
+]
 
 JSON_CT = (b"content-type", b"application/json")
+
+#: The ASGI scope extension under which the HTTP/1.1 protocol offers a :class:`BodyWriter`
+#: (`topics.http.server.DirectBody`) for the request's streamed response.
+DIRECT_BODY = "topics.direct_body"
+
+
+class BodyWriter(Protocol):
+    """Writes pieces of a started, streamed response without the ASGI `send`."""
+
+    def writable(self) -> bool: ...
+
+    def write(self, body: bytes) -> bool: ...
+
+
+def direct_body(scope: dict[str, Any]) -> BodyWriter | None:
+    """The request's :class:`BodyWriter`, or None (HTTP/2, or a server without one)."""
+    ext = scope.get("extensions")
+    if not ext:
+        return None
+    writer: BodyWriter | None = ext.get(DIRECT_BODY)
+    return writer
 
 
 class Resp:

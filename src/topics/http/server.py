@@ -59,10 +59,11 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from uvicorn.server import ServerState
 
 from topics.errors import TopicsError, bad_request
-from topics.http.responses import error_resp
+from topics.http.responses import DIRECT_BODY, error_resp
 
 __all__ = [
     "AutoProtocol",
+    "DirectBody",
     "ConnectionSlots",
     "Guards",
     "H2Protocol",
@@ -321,6 +322,46 @@ class AutoProtocol(_Connection):
         self.transport.close()
 
 
+class DirectBody:
+    """Writes the next piece of a streamed (chunked) response straight to the socket.
+
+    The long-lived streams (SSE) send many small pieces; going through the ASGI
+    `send` costs a coroutine and a message dict per piece, and a publication
+    would have to wake each stream's task first. With this object a piece is
+    written by whoever produced it, from a plain callback, as one chunk.
+    :meth:`write` refuses (returns False, nothing written) whenever the ASGI path
+    has work to do: the response not started or already complete, not chunked,
+    a `HEAD` request, the peer gone, or the socket's write buffer above its high
+    water mark (the caller then awaits `send`, which waits for the drain).
+    Offered only by the HTTP/1.1 protocol; HTTP/2 streams use `send`.
+    """
+
+    __slots__ = ("_cycle",)
+
+    def __init__(self, cycle: Any) -> None:
+        self._cycle = cycle
+
+    def writable(self) -> bool:
+        """True when :meth:`write` would write now."""
+        c = self._cycle
+        return bool(
+            c.response_started
+            and c.chunked_encoding
+            and not c.response_complete
+            and not c.disconnected
+            and not c.flow.write_paused
+            and c.scope["method"] != "HEAD"
+            and not c.transport.is_closing()
+        )
+
+    def write(self, body: bytes) -> bool:
+        """Write `body` (non-empty) as one chunk; False when the caller must use `send`."""
+        if not self.writable():
+            return False
+        self._cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+        return True
+
+
 class Http1Protocol(HttpToolsProtocol):
     """uvicorn's httptools HTTP/1.1 protocol with the request-head guards of this module.
 
@@ -436,6 +477,9 @@ class Http1Protocol(HttpToolsProtocol):
         self.in_body = True
         self._cancel_head_timer()
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.scope is self.scope:
+            self.scope.setdefault("extensions", {})[DIRECT_BODY] = DirectBody(cycle)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()

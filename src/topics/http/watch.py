@@ -5,27 +5,41 @@ The routes are described in docs/API.md, "12. Watch: multiplexed Server-Sent Eve
 The session state and the per-topic drain step live in :mod:`topics.engine.watch`;
 this module is the asyncio shell: checks, headers, the park/wake loop,
 heartbeats, shutdown and disconnect handling. The frames of one pass over the
-session's topics go out together as one `http.response.body` message (one
-write, flushed at once: nothing is held back waiting for more data); the ASGI
-server applies backpressure per connection (a slow reader only stalls its own
-stream), and a long catch-up is cut into writes of ~64 KiB.
+session's topics go out together as one write (flushed at once: nothing is held
+back waiting for more data); backpressure applies per connection (a slow reader
+only stalls its own stream), and a long catch-up is cut into writes of ~64 KiB.
+
+Live delivery is shared (docs/ARCHITECTURE.md, "Live delivery"): a publication
+does not wake one task per parked stream. The streams it concerns are collected
+and served by one loop callback, which runs each stream's drain step (the read
+and its rendered frame are shared between streams at the same cursor) and
+writes the bytes straight to the socket through the protocol's
+:class:`~topics.http.responses.BodyWriter`. A stream falls back to its own task
+whenever that is not plain: bytes needed from disk, a write buffer above its
+high water mark, more than one pass to drain, HTTP/2.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import weakref
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 from topics.auth import bearer, token_from_query
+from topics.engine.frames import ColdRead, ReadAhead, read_ahead
 from topics.engine.topic import Topic
 from topics.engine.watch import WatchSession, WatchStream, clamp_heartbeat
 from topics.errors import TopicsError
 from topics.http.app import Ctx
-from topics.http.responses import Resp, json_resp
+from topics.http.responses import Resp, direct_body, json_resp
 from topics.storage.reads import history_gate, read_pool
 
-__all__ = ["create_watch", "stream", "SSE_HEADERS", "Waker"]
+log = logging.getLogger("topics.http")
+
+__all__ = ["create_watch", "stream", "SSE_HEADERS", "Waker", "Fanout", "fanout"]
 
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream"),
@@ -105,15 +119,53 @@ async def _run(ctx: Ctx, session: WatchSession) -> None:
     """
     app = ctx.app
     send = ctx.send
+    direct = direct_body(ctx.scope)
     loop = asyncio.get_running_loop()
     ws = WatchStream(ctx.engine, session)
     heartbeat_s = clamp_heartbeat(session.heartbeat_ms) / 1000
     shutting_down = app.shutting_down
+    fan = fanout(loop)
     # Mutable stream state shared with the callbacks below.
     st = _State(loop)
 
-    def on_topic(_t: Topic) -> None:
-        st.wake()
+    def on_topic(t: Topic) -> None:
+        if st.parked and direct is not None:
+            fan.add(deliver, t)
+        else:
+            st.wake()
+
+    def deliver(t: Topic) -> None:
+        """A publication on `t`, served from the fan-out callback (see the module doc)."""
+        if not st.parked or direct is None or not direct.writable():
+            st.wake()
+            return
+        d = ws.deliveries.get(t.name)
+        if d is None or d.topic is not t or d.deleted:
+            st.wake()
+            return
+        out: list[bytes] = []
+        token = read_ahead.set(ReadAhead())  # a read that needs the disk raises ColdRead
+        try:
+            drained = ws.pass_sse(t.name, out)
+        except ColdRead:
+            st.wake()  # nothing changed: the task reads it through the pool
+            return
+        except Exception:
+            log.exception("a watch stream's delivery failed; its task retries it")
+            st.wake()
+            return
+        finally:
+            read_ahead.reset(token)
+        if out:
+            direct.write(b"".join(out) if len(out) > 1 else out[0])
+            st.last_frame = loop.time()
+            fan.writes += 1
+        if not drained or d.deleted:
+            st.wake()
+
+    async def body(data: bytes) -> None:
+        if direct is None or not direct.write(data):
+            await send({"type": "http.response.body", "body": data, "more_body": True})
 
     def on_heartbeat() -> None:
         left = heartbeat_s - (loop.time() - st.last_frame)
@@ -156,7 +208,7 @@ async def _run(ctx: Ctx, session: WatchSession) -> None:
         while not st.disconnected:
             st.waker.clear()
             if st.stopping:
-                await _body(send, ws.shutdown_frame().to_bytes())
+                await body(ws.shutdown_frame().to_bytes())
                 break
             # One pass over every topic. The frames it produces go out together in
             # one write (flushed, not held back for more data); a long catch-up is
@@ -172,7 +224,7 @@ async def _run(ctx: Ctx, session: WatchSession) -> None:
                     for i in range(n, len(buf)):
                         size += len(buf[i])
                     if size >= FLUSH_BYTES:
-                        await _body(send, b"".join(buf))
+                        await body(b"".join(buf))
                         st.last_frame = loop.time()
                         buf.clear()
                         size = 0
@@ -183,7 +235,7 @@ async def _run(ctx: Ctx, session: WatchSession) -> None:
                 if st.disconnected or st.stopping:
                     break
             if buf and not st.disconnected:
-                await _body(send, b"".join(buf) if len(buf) > 1 else buf[0])
+                await body(b"".join(buf) if len(buf) > 1 else buf[0])
                 st.last_frame = loop.time()
             if st.disconnected:
                 break
@@ -194,13 +246,17 @@ async def _run(ctx: Ctx, session: WatchSession) -> None:
             if st.heartbeat_due:
                 st.heartbeat_due = False
                 if loop.time() - st.last_frame >= heartbeat_s:
-                    await _body(send, HEARTBEAT)
+                    await body(HEARTBEAT)
                     st.last_frame = loop.time()
                 st.timer = loop.call_later(
                     max(heartbeat_s - (loop.time() - st.last_frame), 0), on_heartbeat
                 )
                 continue
-            await st.waker.wait()
+            st.parked = True
+            try:
+                await st.waker.wait()
+            finally:
+                st.parked = False
         if not st.disconnected:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
     except OSError:
@@ -254,7 +310,15 @@ class Waker:
 class _State:
     """What the wake-up callbacks of one stream share with its loop."""
 
-    __slots__ = ("waker", "last_frame", "disconnected", "stopping", "heartbeat_due", "timer")
+    __slots__ = (
+        "waker",
+        "last_frame",
+        "disconnected",
+        "stopping",
+        "heartbeat_due",
+        "timer",
+        "parked",
+    )
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.waker = Waker(loop)
@@ -263,10 +327,50 @@ class _State:
         self.stopping = False
         self.heartbeat_due = False
         self.timer: asyncio.TimerHandle | None = None
+        self.parked = False  # the task waits on `waker` (not mid-pass, not mid-send)
 
     def wake(self) -> None:
         self.waker.set()
 
 
-async def _body(send: Any, body: bytes) -> None:
-    await send({"type": "http.response.body", "body": body, "more_body": True})
+class Fanout:
+    """The direct deliveries due on one event loop, run together by one callback.
+
+    A topic's listeners call :meth:`add` as it publishes; the first call of a
+    loop iteration schedules :meth:`run` with `call_soon`, so the acks of the
+    writes that published go out before the deliveries, and any number of
+    parked streams cost one callback instead of one task wake-up each.
+    """
+
+    __slots__ = ("_loop", "_due", "_scheduled", "runs", "writes")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._due: list[tuple[Callable[[Topic], None], Topic]] = []
+        self._scheduled = False
+        self.runs = 0  # callbacks run
+        self.writes = 0  # stream writes they made (one per stream served)
+
+    def add(self, deliver: Callable[[Topic], None], t: Topic) -> None:
+        self._due.append((deliver, t))
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self.run)
+
+    def run(self) -> None:
+        self._scheduled = False
+        self.runs += 1
+        due, self._due = self._due, []
+        for deliver, t in due:
+            deliver(t)
+
+
+_FANOUTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Fanout] = weakref.WeakKeyDictionary()
+
+
+def fanout(loop: asyncio.AbstractEventLoop) -> Fanout:
+    """The :class:`Fanout` of `loop` (one per loop, created on first use)."""
+    fan = _FANOUTS.get(loop)
+    if fan is None:
+        fan = _FANOUTS[loop] = Fanout(loop)
+    return fan
