@@ -13,6 +13,7 @@ from tests.support.live import LiveServer, live_app
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from topics.http.watch import fanout
 from topics.http.ws import OUTBOX_SLOTS, Outbox
 
 Env = dict[str, str]
@@ -471,5 +472,37 @@ def test_outbox_direct_sends_keep_the_order_of_queued_messages() -> None:
         for _ in range(OUTBOX_SLOTS):  # every slot is free again
             await asyncio.wait_for(ob.reserve(), 1)
         writer.cancel()
+
+    run(body)
+
+
+@pytest.mark.timeout(30)
+def test_publications_reach_parked_sockets_through_the_fanout() -> None:
+    """Parked subscribers get each publication from the shared fan-out, written to the
+    socket directly, in order; the outbox accounting is untouched (a ping still answers)."""
+
+    async def body() -> None:
+        async with serve() as s:
+            await s.http.put("/v0/topics/fan")
+            async with contextlib.AsyncExitStack() as stack:
+                socks = [await stack.enter_async_context(s.ws()) for _ in range(12)]
+                for ws in socks:
+                    await send(ws, op="subscribe", topic="fan")
+                    assert (await recv(ws))["op"] == "subscribed"
+                    assert (await recv(ws))["op"] == "caught_up"
+                await asyncio.sleep(0.05)  # every delivery task parks
+                fan = fanout(asyncio.get_running_loop())
+                writes0 = fan.writes
+                for i in range(1, 6):
+                    r = await s.http.post("/v0/topics/fan", json={"records": [{"data": i}]})
+                    assert r.status_code == 200
+                    for ws in socks:
+                        rec, cu = await recv_n(ws, 2)
+                        assert rec["op"] == "record" and [x["data"] for x in rec["records"]] == [i]
+                        assert (rec["from_seq"], rec["to_seq"]) == (i - 1, i)
+                        assert cu == {"op": "caught_up", "topic": "fan", "head_seq": i}
+                assert fan.writes - writes0 == 5 * len(socks)
+                for ws in socks:
+                    await nothing_pending(ws)
 
     run(body)

@@ -24,13 +24,15 @@ __all__ = [
 
 JSON_CT = (b"content-type", b"application/json")
 
-#: The ASGI scope extension under which the HTTP/1.1 protocol offers a :class:`BodyWriter`
-#: (`topics.http.server.DirectBody`) for the request's streamed response.
+#: The ASGI scope extension under which the HTTP/1.1 and WebSocket protocols offer a
+#: :class:`BodyWriter` (`topics.http.server.DirectBody` for a streamed response,
+#: `DirectWs` for a WebSocket, whose `write` takes messages).
 DIRECT_BODY = "topics.direct_body"
 
 
 class BodyWriter(Protocol):
-    """Writes pieces of a started, streamed response without the ASGI `send`."""
+    """Writes pieces of a started, streamed response (or WebSocket messages) without
+    the ASGI `send`; `write` returns False, having written nothing, when it cannot."""
 
     def writable(self) -> bool: ...
 
@@ -38,7 +40,7 @@ class BodyWriter(Protocol):
 
 
 def direct_body(scope: dict[str, Any]) -> BodyWriter | None:
-    """The request's :class:`BodyWriter`, or None (HTTP/2, or a server without one)."""
+    """The connection's :class:`BodyWriter`, or None (HTTP/2, or a server without one)."""
     ext = scope.get("extensions")
     if not ext:
         return None

@@ -64,6 +64,7 @@ from topics.http.responses import DIRECT_BODY, error_resp
 __all__ = [
     "AutoProtocol",
     "DirectBody",
+    "DirectWs",
     "ConnectionSlots",
     "Guards",
     "H2Protocol",
@@ -910,6 +911,44 @@ class H2Protocol(_Connection):
             self.transport.close()
 
 
+class DirectWs:
+    """Writes text messages straight to a WebSocket, without the ASGI `send`.
+
+    The WebSocket counterpart of :class:`DirectBody`: :meth:`write` frames the
+    messages (JSON bytes, sent as text without a decode/encode round trip) and
+    writes them in one call. It refuses (False, nothing written) before the
+    handshake is complete, once a close was sent or the peer left, and while the
+    socket's write buffer is above its high water mark.
+    """
+
+    __slots__ = ("_proto",)
+
+    def __init__(self, proto: WebSocketsSansIOProtocol) -> None:
+        self._proto = proto
+
+    def writable(self) -> bool:
+        """True when :meth:`write` would write now."""
+        p = self._proto
+        return bool(
+            p.handshake_complete
+            and not p.close_sent
+            and not p.disconnected
+            and p.initial_response is None
+            and p.writable.is_set()
+            and not p.transport.is_closing()
+        )
+
+    def write(self, *messages: bytes) -> bool:
+        """Send each of `messages` as a text message; False when the caller must use `send`."""
+        if not self.writable():
+            return False
+        conn = self._proto.conn
+        for m in messages:
+            conn.send_text(m)
+        self._proto.transport.write(b"".join(conn.data_to_send()))
+        return True
+
+
 class WSProtocol(WebSocketsSansIOProtocol):
     """uvicorn's sans-I/O WebSocket protocol, with oversized messages dropped unread.
 
@@ -943,6 +982,12 @@ class WSProtocol(WebSocketsSansIOProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         _release_slot(self.config, self.transport)
+
+    def handle_connect(self, event: Any) -> None:
+        super().handle_connect(event)
+        scope = getattr(self, "scope", None)
+        if scope is not None:
+            scope.setdefault("extensions", {})[DIRECT_BODY] = DirectWs(self)
 
     def data_received(self, data: bytes) -> None:
         if self.passthrough or not self.handshake_fed:

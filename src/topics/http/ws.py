@@ -25,6 +25,7 @@ from topics.auth import check_config_names
 from topics.config import SCOPE_ADMIN, SCOPE_READ, SCOPE_WRITE
 from topics.engine.core import DEFAULT_BUDGET as WS_DEFAULT_BUDGET
 from topics.engine.core import Replay
+from topics.engine.frames import ColdRead, ReadAhead, read_ahead
 from topics.engine.params import boolean
 from topics.engine.records import iter_density_check, loads
 from topics.engine.topic import Topic
@@ -40,9 +41,9 @@ from topics.engine.watch import (
 )
 from topics.errors import TopicsError
 from topics.http.app import Ctx, drive
-from topics.http.responses import perf
+from topics.http.responses import direct_body, perf
 from topics.http.topics import wait_published
-from topics.http.watch import Waker
+from topics.http.watch import Waker, fanout
 from topics.storage.reads import history_gate, read_pool
 
 __all__ = ["websocket", "Outbox", "OUTBOX_SLOTS"]
@@ -88,13 +89,21 @@ class Outbox:
         self._idle = asyncio.Event()
         self._idle.set()
         self._sending = False
+        self._held = 0  # slots reserved and not yet released (queued or in flight included)
 
     async def reserve(self) -> None:
         """Wait for a free slot (before building the message that will fill it)."""
         await self._sem.acquire()
+        self._held += 1
 
     def unreserve(self) -> None:
+        self._held -= 1
         self._sem.release()
+
+    def quiet(self) -> bool:
+        """Nothing reserved, queued or being sent: a message written around the outbox
+        now cannot overtake one of its own."""
+        return not self._held
 
     def push(self, msg: bytes) -> None:
         """Queue a message into a slot taken with :meth:`reserve`."""
@@ -121,6 +130,7 @@ class Outbox:
             await self._send({"type": "websocket.send", "text": msg.decode()})
         finally:
             self._sending = False
+            self._held -= 1
             self._sem.release()
             if self._q:
                 self._ready.set()  # queued meanwhile: run() takes it from here
@@ -190,10 +200,49 @@ class Connection:
         self.principal = ctx.principal
         self.outbox = Outbox(ctx.send)
         self.subs: dict[str, Subscription] = {}
-        self.wake = Waker(asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        self.wake = Waker(loop)
+        self.direct: Any = direct_body(ctx.scope)  # a DirectWs, or None (test transports)
+        self.fan = fanout(loop)
+        self.parked = False  # the delivery task waits on `wake`, between two passes
 
-    def on_topic(self, _t: Topic) -> None:
-        self.wake.set()
+    def on_topic(self, t: Topic) -> None:
+        if self.parked and self.direct is not None:
+            self.fan.add(self.deliver_now, t)
+        else:
+            self.wake.set()
+
+    def deliver_now(self, t: Topic) -> None:
+        """A publication on `t`, served from the shared fan-out (see topics.http.watch):
+        the subscription's drain step runs here and its messages go straight to the
+        socket, when the delivery task is parked and nothing of the outbox is pending;
+        otherwise the task is woken to do it."""
+        direct = self.direct
+        if not self.parked or not self.outbox.quiet() or not direct.writable():
+            self.wake.set()
+            return
+        sub = self.subs.get(t.name)
+        if sub is None or sub.delivery.topic is not t:
+            self.wake.set()
+            return
+        token = read_ahead.set(ReadAhead())  # a read that needs the disk raises ColdRead
+        try:
+            step = drain_step(self.engine, sub.delivery, sub.cursor, sub.opts, relabel_first=False)
+        except ColdRead:
+            self.wake.set()  # nothing changed: the task reads it through the pool
+            return
+        except Exception:
+            log.exception("a WebSocket delivery failed; its task retries it")
+            self.wake.set()
+            return
+        finally:
+            read_ahead.reset(token)
+        sub.cursor = step.cursor
+        if step.events:
+            direct.write(*[render_ws(ev) for ev in step.events])
+            self.fan.writes += 1
+        if not step.drained or sub.delivery.deleted:
+            self.wake.set()
 
     # ------------------------------------------------------------- reader
 
@@ -459,7 +508,11 @@ class Connection:
                     if step.drained:
                         break
                     await history_gate.turn()  # a catch-up gives way between steps
-            await self.wake.wait()
+            self.parked = True
+            try:
+                await self.wake.wait()
+            finally:
+                self.parked = False
 
     def close(self) -> None:
         for sub in self.subs.values():
