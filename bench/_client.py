@@ -293,6 +293,17 @@ def proc_cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / _TICK  # fields 14 and 15 of stat(5)
 
 
+def proc_major_faults(pid: int) -> int | None:
+    """Major page faults of process ``pid`` so far (all its threads: a fault that had to
+    wait for the disk); None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return int(stat[stat.rfind(b")") + 2 :].split()[9])  # field 12 of stat(5)
+
+
 def system_busy_s() -> float:
     """Busy CPU-seconds of the whole machine since boot (all CPUs, /proc/stat)."""
     with open("/proc/stat", "rb") as f:

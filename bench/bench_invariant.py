@@ -85,6 +85,7 @@ from _client import (  # noqa: E402
     build_request,
     open_watch_streams,
     proc_cpu_s,
+    proc_major_faults,
     summarize,
     system_busy_s,
 )
@@ -509,6 +510,7 @@ class Meter:
     def start(self) -> Meter:
         self.t0 = time.perf_counter()
         self.s0, self.c0, self.b0 = proc_cpu_s(self.server_pid), self._ours(), system_busy_s()
+        self.f0 = proc_major_faults(self.server_pid) or 0
         return self
 
     def stop(self) -> dict[str, float]:
@@ -521,6 +523,7 @@ class Meter:
             "server_cores": round(server / wall, 3),
             "client_cores": round(client / wall, 3),
             "others_cores": round(max(0.0, others) / wall, 3),
+            "server_major_faults": (proc_major_faults(self.server_pid) or 0) - self.f0,
         }
 
 
@@ -854,6 +857,11 @@ def table(report: dict[str, Any], args: argparse.Namespace) -> str:
         ("others_cores", "others' cores"),
     ):
         row(title, lambda p, k=key: max(c[k] for c in p["cpu"]), 2)
+    row(
+        "server major page faults",
+        lambda p: sum(c.get("server_major_faults", 0) for c in p["cpu"]),
+        0,
+    )
     r = report["ratios"]
     ev = report["evict_initial"]
     out.append(
