@@ -13,7 +13,7 @@ from tests.support.live import LiveServer, live_app
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from topics.http.watch import fanout
+from topics.http.fanout import fanout
 from topics.http.ws import OUTBOX_SLOTS, Outbox
 
 Env = dict[str, str]

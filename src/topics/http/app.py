@@ -34,6 +34,7 @@ from topics.engine.core import Engine
 from topics.engine.frames import FrameCorrupt
 from topics.engine.records import INCREMENTAL_MIN_BYTES, iter_density_check, iter_write_body, loads
 from topics.errors import TopicsError, bad_request, throttled
+from topics.http.fanout import Fanout, fanout
 from topics.http.responses import Resp, error_resp
 from topics.node import Node
 
@@ -161,6 +162,7 @@ class TopicsApp:
         self.watches = node.watches
         self.auth = node.auth
         self.inflight: dict[bytes, int] = {}
+        self._fan: Fanout | None = None  # the serving loop's (set on first use)
         self.sse_total = 0
         self.sse_per_key: dict[bytes, int] = {}
         # Open claim cohorts per queue topic (topics.http.queues).
@@ -366,10 +368,19 @@ class TopicsApp:
             )
             if resp.pieces is None:
                 await send({"type": "http.response.body", "body": resp.body})
+                # What this request published reaches the parked streams now, right
+                # after its own answer (docs/ARCHITECTURE.md, "Live delivery").
+                self._fanout().flush()
                 return
             async for piece in resp.pieces:
                 await send({"type": "http.response.body", "body": piece, "more_body": True})
             await send({"type": "http.response.body", "body": b""})
+
+    def _fanout(self) -> Fanout:
+        fan = self._fan
+        if fan is None:
+            fan = self._fan = fanout(asyncio.get_running_loop())
+        return fan
 
     def _admit(self, principal: Principal, m: Match) -> bytes | None:
         """The per-key in-flight cap: 429 over it; returns the key holding a slot

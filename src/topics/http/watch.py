@@ -10,11 +10,12 @@ back waiting for more data); backpressure applies per connection (a slow reader
 only stalls its own stream), and a long catch-up is cut into writes of ~64 KiB.
 
 Live delivery is shared (docs/ARCHITECTURE.md, "Live delivery"): a publication
-does not wake one task per parked stream. A few streams are served inside the
-publication, the others by one loop callback (:class:`Fanout`); each delivery
-runs the stream's drain step (the read and its rendered frame are shared
-between streams at the same cursor) and writes the bytes straight to the socket
-through the protocol's :class:`~topics.http.responses.BodyWriter`. A stream falls back to its own task
+does not wake one task per parked stream. The streams it concerns are served
+together by the loop's :class:`~topics.http.fanout.Fanout`, right after the
+write's own response; each delivery runs the stream's drain step (the read and
+its rendered frame are shared between streams at the same cursor) and writes
+the bytes straight to the socket through the protocol's
+:class:`~topics.http.responses.BodyWriter`. A stream falls back to its own task
 whenever that is not plain: bytes needed from disk, a write buffer above its
 high water mark, more than one pass to drain, HTTP/2.
 """
@@ -23,8 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import weakref
-from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -34,12 +33,13 @@ from topics.engine.topic import Topic
 from topics.engine.watch import WatchSession, WatchStream, clamp_heartbeat
 from topics.errors import TopicsError
 from topics.http.app import Ctx
+from topics.http.fanout import fanout
 from topics.http.responses import Resp, direct_body, json_resp
 from topics.storage.reads import history_gate, read_pool
 
 log = logging.getLogger("topics.http")
 
-__all__ = ["create_watch", "stream", "SSE_HEADERS", "Waker", "Fanout", "fanout"]
+__all__ = ["create_watch", "stream", "SSE_HEADERS", "Waker"]
 
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream"),
@@ -48,8 +48,6 @@ SSE_HEADERS = [
 ]
 HEARTBEAT = b": hb\n\n"
 FLUSH_BYTES = 65_536  # a catch-up pass is written out in pieces of about this size
-#: Parked streams a loop iteration serves inside the publication itself (see :class:`Fanout`).
-INLINE_STREAMS = 16
 
 
 async def create_watch(ctx: Ctx) -> Resp:
@@ -333,60 +331,3 @@ class _State:
 
     def wake(self) -> None:
         self.waker.set()
-
-
-class Fanout:
-    """Direct deliveries of the publications on one event loop.
-
-    A topic's listeners call :meth:`add` as it publishes. The first
-    :data:`INLINE_STREAMS` deliveries of a loop iteration run at once, inside the
-    publication, so a record reaches a few subscribers without waiting for a
-    loop turn (the same pass that acknowledged the write serves them). The rest
-    are queued and run together by one `call_soon` callback, after the acks of
-    the writes that published: any number of parked streams cost one callback,
-    not a task wake-up each, and a write with many subscribers is not held back
-    by all of their deliveries.
-    """
-
-    __slots__ = ("_loop", "_due", "_scheduled", "_inline", "runs", "writes")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._due: list[tuple[Callable[[Topic], None], Topic]] = []
-        self._scheduled = False
-        self._inline = 0  # deliveries run inline in this loop iteration
-        self.runs = 0  # queued-delivery callbacks run
-        self.writes = 0  # stream writes made by deliveries (inline or queued)
-
-    def add(self, deliver: Callable[[Topic], None], t: Topic) -> None:
-        if self._inline < INLINE_STREAMS:
-            if not self._inline:
-                self._loop.call_soon(self._next_iteration)
-            self._inline += 1
-            deliver(t)
-            return
-        self._due.append((deliver, t))
-        if not self._scheduled:
-            self._scheduled = True
-            self._loop.call_soon(self.run)
-
-    def _next_iteration(self) -> None:
-        self._inline = 0
-
-    def run(self) -> None:
-        self._scheduled = False
-        self.runs += 1
-        due, self._due = self._due, []
-        for deliver, t in due:
-            deliver(t)
-
-
-_FANOUTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Fanout] = weakref.WeakKeyDictionary()
-
-
-def fanout(loop: asyncio.AbstractEventLoop) -> Fanout:
-    """The :class:`Fanout` of `loop` (one per loop, created on first use)."""
-    fan = _FANOUTS.get(loop)
-    if fan is None:
-        fan = _FANOUTS[loop] = Fanout(loop)
-    return fan

@@ -41,9 +41,10 @@ from topics.engine.watch import (
 )
 from topics.errors import TopicsError
 from topics.http.app import Ctx, drive
+from topics.http.fanout import fanout
 from topics.http.responses import direct_body, perf
 from topics.http.topics import wait_published
-from topics.http.watch import Waker, fanout
+from topics.http.watch import Waker
 from topics.storage.reads import history_gate, read_pool
 
 __all__ = ["websocket", "Outbox", "OUTBOX_SLOTS"]
@@ -213,7 +214,7 @@ class Connection:
             self.wake.set()
 
     def deliver_now(self, t: Topic) -> None:
-        """A publication on `t`, served from the shared fan-out (see topics.http.watch):
+        """A publication on `t`, served from the loop's fan-out (topics.http.fanout):
         the subscription's drain step runs here and its messages go straight to the
         socket, when the delivery task is parked and nothing of the outbox is pending;
         otherwise the task is woken to do it."""
