@@ -113,11 +113,8 @@ class SlotIndex:
             self._arr[: self._n] = self._arr[self._start : self._start + self._n]
             self._start = 0
             return
-        # Double: each slot is copied about once on the way to any size (a growth of
-        # a quarter copied it about five times). The pages past the live slots are
-        # untouched zeros, not resident until used.
         want = self._n + extra
-        arr = np.zeros(max(16, 2 * want), SLOT_DTYPE)
+        arr = np.zeros(max(16, want + want // 4), SLOT_DTYPE)
         arr[: self._n] = self._arr[self._start : self._start + self._n]
         self._arr = arr
         self._start = 0
