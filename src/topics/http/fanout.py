@@ -23,7 +23,7 @@ from typing import Any
 __all__ = ["Fanout", "fanout", "INLINE_STREAMS"]
 
 #: Deliveries a loop turn runs inside the publication itself (about 14 µs each).
-INLINE_STREAMS = 8
+INLINE_STREAMS = 16
 
 Delivery = Callable[[Any], None]
 
