@@ -929,14 +929,9 @@ class DirectWs:
     def writable(self) -> bool:
         """True when :meth:`write` would write now."""
         p = self._proto
-        return bool(
-            p.handshake_complete
-            and not p.close_sent
-            and not p.disconnected
-            and p.initial_response is None
-            and p.writable.is_set()
-            and not p.transport.is_closing()
-        )
+        if p.close_sent or p.disconnected or p.initial_response is not None:
+            return False  # closing, gone, or the upgrade was answered with HTTP
+        return bool(p.handshake_complete) and p.writable.is_set() and not p.transport.is_closing()
 
     def write(self, *messages: bytes) -> bool:
         """Send each of `messages` as a text message; False when the caller must use `send`."""
