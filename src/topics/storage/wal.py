@@ -901,7 +901,7 @@ class WalShard:
         hand, is not syncing, the disk is not full and the entry fits the active
         file, the bytes are written here and `entry.done` runs before this
         returns True. Otherwise it returns False and nothing happened: the caller
-        :meth:`submit`\ s the entry. Log order holds either way, since an entry is
+        queues the entry with :meth:`submit`. Log order holds either way, since an entry is
         written here only when every entry submitted before it is written.
         (docs/ARCHITECTURE.md, "The write path".)
         """
