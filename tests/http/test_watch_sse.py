@@ -16,7 +16,6 @@ from tests.support.live import Sse, live_app
 
 from topics.engine import watch as watch_module
 from topics.http.app import TopicsApp
-from topics.http.fanout import fanout
 from topics.http.watch import Waker
 
 Env = dict[str, str]
@@ -460,7 +459,7 @@ def test_publication_served_to_parked_streams_by_one_callback() -> None:
     """Parked streams get a publication from the shared fan-out, written directly, in order."""
 
     async def body() -> None:
-        async with serve() as (_app, c):
+        async with serve() as (app, c):
             await c.put("/v0/topics/fan")
             port = int(str(c.base_url).rsplit(":", 1)[1].rstrip("/"))
             streams = []
@@ -472,7 +471,7 @@ def test_publication_served_to_parked_streams_by_one_callback() -> None:
                 assert await anext(chunks) == b"retry: 2000\n\n"
                 assert b"event: caught-up" in await anext(chunks)
                 streams.append((writer, chunks))
-            fan = fanout(asyncio.get_running_loop())
+            fan = app.fanout()
             runs0, writes0 = fan.runs, fan.writes
             for i in range(1, 11):
                 await write(c, "fan", i)

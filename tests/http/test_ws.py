@@ -13,7 +13,6 @@ from tests.support.live import LiveServer, live_app
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from topics.http.fanout import fanout
 from topics.http.ws import OUTBOX_SLOTS, Outbox
 
 Env = dict[str, str]
@@ -491,7 +490,7 @@ def test_publications_reach_parked_sockets_through_the_fanout() -> None:
                     assert (await recv(ws))["op"] == "subscribed"
                     assert (await recv(ws))["op"] == "caught_up"
                 await asyncio.sleep(0.05)  # every delivery task parks
-                fan = fanout(asyncio.get_running_loop())
+                fan = s.app.fanout()
                 writes0 = fan.writes
                 for i in range(1, 6):
                     r = await s.http.post("/v0/topics/fan", json={"records": [{"data": i}]})

@@ -34,7 +34,7 @@ from topics.engine.core import Engine
 from topics.engine.frames import FrameCorrupt
 from topics.engine.records import INCREMENTAL_MIN_BYTES, iter_density_check, iter_write_body, loads
 from topics.errors import TopicsError, bad_request, throttled
-from topics.http.fanout import Fanout, fanout
+from topics.http.fanout import Fanout
 from topics.http.responses import Resp, error_resp
 from topics.node import Node
 
@@ -370,16 +370,17 @@ class TopicsApp:
                 await send({"type": "http.response.body", "body": resp.body})
                 # What this request published reaches the parked streams now, right
                 # after its own answer (docs/ARCHITECTURE.md, "Live delivery").
-                self._fanout().flush()
+                self.fanout().flush()
                 return
             async for piece in resp.pieces:
                 await send({"type": "http.response.body", "body": piece, "more_body": True})
             await send({"type": "http.response.body", "body": b""})
 
-    def _fanout(self) -> Fanout:
+    def fanout(self) -> Fanout:
+        """The live deliveries of the serving loop (topics.http.fanout), made on first use."""
         fan = self._fan
         if fan is None:
-            fan = self._fan = fanout(asyncio.get_running_loop())
+            fan = self._fan = Fanout(asyncio.get_running_loop())
         return fan
 
     def _admit(self, principal: Principal, m: Match) -> bytes | None:

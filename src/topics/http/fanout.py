@@ -16,23 +16,23 @@ deliveries, and any number of parked streams cost no task wake-up at all.
 from __future__ import annotations
 
 import asyncio
-import weakref
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Fanout", "fanout", "INLINE_STREAMS"]
+__all__ = ["Fanout", "INLINE_STREAMS"]
 
 #: Deliveries a loop turn runs inside the publication itself (about 14 µs each).
 INLINE_STREAMS = 16
 
-Delivery = Callable[[Any], None]
+#: A stream's delivery of a publication on a topic: True when it wrote to its socket.
+Delivery = Callable[[Any], bool]
 
 
 class Fanout:
-    """Deliveries due on one event loop (loop-only).
+    """Deliveries due on one event loop (loop-only; the HTTP app holds one).
 
-    Counters: `runs` (batches of deliveries run), `writes` (stream writes the
-    deliveries made; the deliveries add to it).
+    Counters: `runs` (batches of queued deliveries run), `writes` (deliveries
+    that wrote to their socket, inline or queued).
     """
 
     __slots__ = ("_loop", "_due", "_scheduled", "_inline", "runs", "writes")
@@ -53,7 +53,7 @@ class Fanout:
             self._loop.call_soon(self._turn)
         if self._inline < INLINE_STREAMS:
             self._inline += 1
-            deliver(topic)
+            self.writes += deliver(topic)
             return
         self._due.append((deliver, topic))
 
@@ -69,15 +69,4 @@ class Fanout:
         self.runs += 1
         due, self._due = self._due, []
         for deliver, topic in due:
-            deliver(topic)
-
-
-_FANOUTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Fanout] = weakref.WeakKeyDictionary()
-
-
-def fanout(loop: asyncio.AbstractEventLoop) -> Fanout:
-    """The :class:`Fanout` of `loop` (one per loop, created on first use)."""
-    fan = _FANOUTS.get(loop)
-    if fan is None:
-        fan = _FANOUTS[loop] = Fanout(loop)
-    return fan
+            self.writes += deliver(topic)

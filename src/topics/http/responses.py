@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 
@@ -17,35 +17,9 @@ __all__ = [
     "error_body",
     "perf",
     "safe_text",
-    "DIRECT_BODY",
-    "BodyWriter",
-    "direct_body",
 ]
 
 JSON_CT = (b"content-type", b"application/json")
-
-#: The ASGI scope extension under which the HTTP/1.1 and WebSocket protocols offer a
-#: :class:`BodyWriter` (`topics.http.server.DirectBody` for a streamed response,
-#: `DirectWs` for a WebSocket, whose `write` takes messages).
-DIRECT_BODY = "topics.direct_body"
-
-
-class BodyWriter(Protocol):
-    """Writes pieces of a started, streamed response (or WebSocket messages) without
-    the ASGI `send`; `write` returns False, having written nothing, when it cannot."""
-
-    def writable(self) -> bool: ...
-
-    def write(self, body: bytes) -> bool: ...
-
-
-def direct_body(scope: dict[str, Any]) -> BodyWriter | None:
-    """The connection's :class:`BodyWriter`, or None (HTTP/2, or a server without one)."""
-    ext = scope.get("extensions")
-    if not ext:
-        return None
-    writer: BodyWriter | None = ext.get(DIRECT_BODY)
-    return writer
 
 
 class Resp:

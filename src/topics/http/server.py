@@ -53,18 +53,23 @@ import httptools
 import uvicorn
 import uvicorn.config
 from h2.errors import ErrorCodes
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 from uvicorn.protocols.utils import get_local_addr, get_remote_addr
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from uvicorn.server import ServerState
 
 from topics.errors import TopicsError, bad_request
-from topics.http.responses import DIRECT_BODY, error_resp
+from topics.http.responses import error_resp
 
 __all__ = [
     "AutoProtocol",
     "DirectBody",
     "DirectWs",
+    "direct_writer",
     "ConnectionSlots",
     "Guards",
     "H2Protocol",
@@ -330,20 +335,21 @@ class DirectBody:
     `send` costs a coroutine and a message dict per piece, and a publication
     would have to wake each stream's task first. With this object a piece is
     written by whoever produced it, from a plain callback, as one chunk.
-    :meth:`write` refuses (returns False, nothing written) whenever the ASGI path
-    has work to do: the response not started or already complete, not chunked,
-    a `HEAD` request, the peer gone, or the socket's write buffer above its high
-    water mark (the caller then awaits `send`, which waits for the drain).
-    Offered only by the HTTP/1.1 protocol; HTTP/2 streams use `send`.
+    Ask :meth:`writable` first, in the same step: it is False whenever the ASGI
+    path has work to do (the response not started or already complete, not
+    chunked, a `HEAD` request, the peer gone, or the socket's write buffer above
+    its high water mark; the caller then awaits `send`, which waits for the
+    drain). Made by :func:`direct_writer` for the HTTP/1.1 protocol only;
+    HTTP/2 streams use `send`.
     """
 
     __slots__ = ("_cycle",)
 
-    def __init__(self, cycle: Any) -> None:
+    def __init__(self, cycle: RequestResponseCycle) -> None:
         self._cycle = cycle
 
     def writable(self) -> bool:
-        """True when :meth:`write` would write now."""
+        """True when :meth:`write` may write now."""
         c = self._cycle
         return bool(
             c.response_started
@@ -355,12 +361,9 @@ class DirectBody:
             and not c.transport.is_closing()
         )
 
-    def write(self, body: bytes) -> bool:
-        """Write `body` (non-empty) as one chunk; False when the caller must use `send`."""
-        if not self.writable():
-            return False
+    def write(self, body: bytes) -> None:
+        """Write `body` (non-empty) as one chunk; :meth:`writable` said yes in this step."""
         self._cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
-        return True
 
 
 class Http1Protocol(HttpToolsProtocol):
@@ -478,9 +481,6 @@ class Http1Protocol(HttpToolsProtocol):
         self.in_body = True
         self._cancel_head_timer()
         super().on_headers_complete()
-        cycle = self.cycle
-        if cycle is not None and cycle.scope is self.scope:
-            self.scope.setdefault("extensions", {})[DIRECT_BODY] = DirectBody(cycle)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -916,9 +916,9 @@ class DirectWs:
 
     The WebSocket counterpart of :class:`DirectBody`: :meth:`write` frames the
     messages (JSON bytes, sent as text without a decode/encode round trip) and
-    writes them in one call. It refuses (False, nothing written) before the
-    handshake is complete, once a close was sent or the peer left, and while the
-    socket's write buffer is above its high water mark.
+    writes them in one call. :meth:`writable` is False before the handshake is
+    complete, once a close was sent or the peer left, and while the socket's
+    write buffer is above its high water mark.
     """
 
     __slots__ = ("_proto",)
@@ -927,21 +927,34 @@ class DirectWs:
         self._proto = proto
 
     def writable(self) -> bool:
-        """True when :meth:`write` would write now."""
+        """True when :meth:`write` may write now."""
         p = self._proto
         if p.close_sent or p.disconnected or p.initial_response is not None:
             return False  # closing, gone, or the upgrade was answered with HTTP
         return bool(p.handshake_complete) and p.writable.is_set() and not p.transport.is_closing()
 
-    def write(self, *messages: bytes) -> bool:
-        """Send each of `messages` as a text message; False when the caller must use `send`."""
-        if not self.writable():
-            return False
+    def write(self, *messages: bytes) -> None:
+        """Send each of `messages` as a text message; :meth:`writable` said yes in this step."""
         conn = self._proto.conn
         for m in messages:
             conn.send_text(m)
         self._proto.transport.write(b"".join(conn.data_to_send()))
-        return True
+
+
+def direct_writer(send: Any) -> DirectBody | DirectWs | None:
+    """The direct writer behind an ASGI `send` of this module's protocols.
+
+    uvicorn hands the app the bound `send` of the request's cycle (HTTP/1.1) or
+    of the WebSocket protocol: its owner is the connection the writer writes
+    to. None for anything else (HTTP/2 streams, a test transport, a `send`
+    wrapped by middleware), whose callers keep to `send`.
+    """
+    owner = getattr(send, "__self__", None)
+    if isinstance(owner, RequestResponseCycle):
+        return DirectBody(owner)
+    if isinstance(owner, WebSocketsSansIOProtocol):
+        return DirectWs(owner)
+    return None
 
 
 class WSProtocol(WebSocketsSansIOProtocol):
@@ -977,12 +990,6 @@ class WSProtocol(WebSocketsSansIOProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         _release_slot(self.config, self.transport)
-
-    def handle_connect(self, event: Any) -> None:
-        super().handle_connect(event)
-        scope = getattr(self, "scope", None)
-        if scope is not None:
-            scope.setdefault("extensions", {})[DIRECT_BODY] = DirectWs(self)
 
     def data_received(self, data: bytes) -> None:
         if self.passthrough or not self.handshake_fed:

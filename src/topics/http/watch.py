@@ -14,8 +14,8 @@ does not wake one task per parked stream. The streams it concerns are served
 together by the loop's :class:`~topics.http.fanout.Fanout`, right after the
 write's own response; each delivery runs the stream's drain step (the read and
 its rendered frame are shared between streams at the same cursor) and writes
-the bytes straight to the socket through the protocol's
-:class:`~topics.http.responses.BodyWriter`. A stream falls back to its own task
+the bytes straight to the socket through the connection's direct writer
+(:func:`topics.http.server.direct_writer`). A stream falls back to its own task
 whenever that is not plain: bytes needed from disk, a write buffer above its
 high water mark, more than one pass to drain, HTTP/2.
 """
@@ -28,14 +28,13 @@ from functools import partial
 from typing import Any
 
 from topics.auth import bearer, token_from_query
-from topics.engine.frames import ColdRead, ReadAhead, read_ahead
 from topics.engine.topic import Topic
 from topics.engine.watch import WatchSession, WatchStream, clamp_heartbeat
 from topics.errors import TopicsError
 from topics.http.app import Ctx
-from topics.http.fanout import fanout
-from topics.http.responses import Resp, direct_body, json_resp
-from topics.storage.reads import history_gate, read_pool
+from topics.http.responses import Resp, json_resp
+from topics.http.server import direct_writer
+from topics.storage.reads import history_gate, read_in_memory, read_pool
 
 log = logging.getLogger("topics.http")
 
@@ -119,12 +118,12 @@ async def _run(ctx: Ctx, session: WatchSession) -> None:
     """
     app = ctx.app
     send = ctx.send
-    direct = direct_body(ctx.scope)
+    direct = direct_writer(send)
     loop = asyncio.get_running_loop()
     ws = WatchStream(ctx.engine, session)
     heartbeat_s = clamp_heartbeat(session.heartbeat_ms) / 1000
     shutting_down = app.shutting_down
-    fan = fanout(loop)
+    fan = app.fanout()
     # Mutable stream state shared with the callbacks below.
     st = _State(loop)
 
@@ -134,37 +133,39 @@ async def _run(ctx: Ctx, session: WatchSession) -> None:
         else:
             st.wake()
 
-    def deliver(t: Topic) -> None:
-        """A publication on `t`, served from the fan-out callback (see the module doc)."""
-        if not st.parked or direct is None or not direct.writable():
-            st.wake()
-            return
+    def deliver(t: Topic) -> bool:
+        """A publication on `t`, served from the fan-out (see the module doc)."""
         d = ws.deliveries.get(t.name)
-        if d is None or d.topic is not t or d.deleted:
+        if (
+            not st.parked
+            or direct is None
+            or not direct.writable()
+            or d is None
+            or d.topic is not t
+            or d.deleted
+        ):
             st.wake()
-            return
+            return False
         out: list[bytes] = []
-        token = read_ahead.set(ReadAhead())  # a read that needs the disk raises ColdRead
         try:
-            drained = ws.pass_sse(t.name, out)
-        except ColdRead:
-            st.wake()  # nothing changed: the task reads it through the pool
-            return
+            drained = read_in_memory(partial(ws.pass_sse, t.name, out))
         except Exception:
             log.exception("a watch stream's delivery failed; its task retries it")
+            drained = None
+        if drained is None:  # needs the disk (nothing changed), or failed: the task's turn
             st.wake()
-            return
-        finally:
-            read_ahead.reset(token)
+            return False
         if out:
             direct.write(b"".join(out) if len(out) > 1 else out[0])
             st.last_frame = loop.time()
-            fan.writes += 1
         if not drained or d.deleted:
             st.wake()
+        return bool(out)
 
     async def body(data: bytes) -> None:
-        if direct is None or not direct.write(data):
+        if direct is not None and direct.writable():
+            direct.write(data)
+        else:
             await send({"type": "http.response.body", "body": data, "more_body": True})
 
     def on_heartbeat() -> None:

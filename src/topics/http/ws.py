@@ -25,7 +25,6 @@ from topics.auth import check_config_names
 from topics.config import SCOPE_ADMIN, SCOPE_READ, SCOPE_WRITE
 from topics.engine.core import DEFAULT_BUDGET as WS_DEFAULT_BUDGET
 from topics.engine.core import Replay
-from topics.engine.frames import ColdRead, ReadAhead, read_ahead
 from topics.engine.params import boolean
 from topics.engine.records import iter_density_check, loads
 from topics.engine.topic import Topic
@@ -41,11 +40,11 @@ from topics.engine.watch import (
 )
 from topics.errors import TopicsError
 from topics.http.app import Ctx, drive
-from topics.http.fanout import fanout
-from topics.http.responses import direct_body, perf
+from topics.http.responses import perf
+from topics.http.server import direct_writer
 from topics.http.topics import wait_published
 from topics.http.watch import Waker
-from topics.storage.reads import history_gate, read_pool
+from topics.storage.reads import history_gate, read_in_memory, read_pool
 
 __all__ = ["websocket", "Outbox", "OUTBOX_SLOTS"]
 
@@ -131,8 +130,7 @@ class Outbox:
             await self._send({"type": "websocket.send", "text": msg.decode()})
         finally:
             self._sending = False
-            self._held -= 1
-            self._sem.release()
+            self.unreserve()
             if self._q:
                 self._ready.set()  # queued meanwhile: run() takes it from here
             else:
@@ -203,8 +201,8 @@ class Connection:
         self.subs: dict[str, Subscription] = {}
         loop = asyncio.get_running_loop()
         self.wake = Waker(loop)
-        self.direct: Any = direct_body(ctx.scope)  # a DirectWs, or None (test transports)
-        self.fan = fanout(loop)
+        self.direct: Any = direct_writer(ctx.send)  # a DirectWs, or None (test transports)
+        self.fan = ctx.app.fanout()
         self.parked = False  # the delivery task waits on `wake`, between two passes
 
     def on_topic(self, t: Topic) -> None:
@@ -213,37 +211,40 @@ class Connection:
         else:
             self.wake.set()
 
-    def deliver_now(self, t: Topic) -> None:
+    def deliver_now(self, t: Topic) -> bool:
         """A publication on `t`, served from the loop's fan-out (topics.http.fanout):
         the subscription's drain step runs here and its messages go straight to the
         socket, when the delivery task is parked and nothing of the outbox is pending;
-        otherwise the task is woken to do it."""
+        otherwise the task is woken to do it. True when it wrote."""
         direct = self.direct
-        if not self.parked or not self.outbox.quiet() or not direct.writable():
-            self.wake.set()
-            return
         sub = self.subs.get(t.name)
-        if sub is None or sub.delivery.topic is not t:
+        if (
+            not self.parked
+            or not self.outbox.quiet()
+            or not direct.writable()
+            or sub is None
+            or sub.delivery.topic is not t
+        ):
             self.wake.set()
-            return
-        token = read_ahead.set(ReadAhead())  # a read that needs the disk raises ColdRead
+            return False
         try:
-            step = drain_step(self.engine, sub.delivery, sub.cursor, sub.opts, relabel_first=False)
-        except ColdRead:
-            self.wake.set()  # nothing changed: the task reads it through the pool
-            return
+            step = read_in_memory(
+                partial(
+                    drain_step, self.engine, sub.delivery, sub.cursor, sub.opts, relabel_first=False
+                )
+            )
         except Exception:
             log.exception("a WebSocket delivery failed; its task retries it")
+            step = None
+        if step is None:  # needs the disk (nothing changed), or failed: the task's turn
             self.wake.set()
-            return
-        finally:
-            read_ahead.reset(token)
+            return False
         sub.cursor = step.cursor
         if step.events:
             direct.write(*[render_ws(ev) for ev in step.events])
-            self.fan.writes += 1
         if not step.drained or sub.delivery.deleted:
             self.wake.set()
+        return bool(step.events)
 
     # ------------------------------------------------------------- reader
 

@@ -26,7 +26,14 @@ from typing import TypeVar
 
 from topics.engine.frames import ColdRead, FrameSource, ReadAhead, read_ahead
 
-__all__ = ["READ_THREADS", "ReadPool", "read_pool", "HistoryGate", "history_gate"]
+__all__ = [
+    "READ_THREADS",
+    "ReadPool",
+    "read_pool",
+    "read_in_memory",
+    "HistoryGate",
+    "history_gate",
+]
 
 log = logging.getLogger("topics.storage")
 
@@ -44,6 +51,23 @@ MAX_WARM_TAG_BYTES = 256 * 1024 * 1024
 #: Fetches one read may need before it runs with blocking reads on the loop instead
 #: (a read touches one span per segment it crosses; this is far above that).
 MAX_FETCHES = 64
+
+
+def read_in_memory(read: Callable[[], T]) -> T | None:
+    """`read()` on the loop if it needs no segment bytes, else None (and nothing changed).
+
+    For work that must not wait (a live delivery from a publication): a read
+    that would need a segment span raises ColdRead before changing anything,
+    and the caller hands it to :meth:`ReadPool.run` instead. `read` must not
+    return None itself.
+    """
+    token = read_ahead.set(ReadAhead())
+    try:
+        return read()
+    except ColdRead:
+        return None
+    finally:
+        read_ahead.reset(token)
 
 
 class ReadPool:
