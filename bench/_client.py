@@ -46,6 +46,7 @@ __all__ = [
     "parse_response",
     "percentile",
     "proc_cpu_s",
+    "proc_major_faults",
     "summarize",
     "system_busy_s",
     "wait_quiet",
@@ -282,26 +283,30 @@ def summarize(values_ns: Iterable[int], scale: float = 1e3) -> dict[str, float]:
 
 
 # -- CPU accounting -----------------------------------------------------------------------
-def proc_cpu_s(pid: int) -> float | None:
-    """utime + stime of process ``pid`` (all its threads), in seconds; None if gone."""
+def _proc_stat(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (field 3 of stat(5) is
+    index 0); None if the process is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
     except OSError:
         return None
-    fields = stat[stat.rfind(b")") + 2 :].split()
+    return stat[stat.rfind(b")") + 2 :].split()
+
+
+def proc_cpu_s(pid: int) -> float | None:
+    """utime + stime of process ``pid`` (all its threads), in seconds; None if gone."""
+    fields = _proc_stat(pid)
+    if fields is None:
+        return None
     return (int(fields[11]) + int(fields[12])) / _TICK  # fields 14 and 15 of stat(5)
 
 
 def proc_major_faults(pid: int) -> int | None:
     """Major page faults of process ``pid`` so far (all its threads: a fault that had to
     wait for the disk); None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    return int(stat[stat.rfind(b")") + 2 :].split()[9])  # field 12 of stat(5)
+    fields = _proc_stat(pid)
+    return None if fields is None else int(fields[9])  # field 12 of stat(5)
 
 
 def system_busy_s() -> float:
@@ -534,7 +539,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 class CpuMeter:
     """CPU seconds over a span: the servers', the client's (this process and `client_pids`)
-    and everyone else's (the whole machine's busy time minus both)."""
+    and everyone else's (the whole machine's busy time minus both); and the servers'
+    major page faults."""
 
     def __init__(self, server_pids: Sequence[int], client_pids: Sequence[int] = ()) -> None:
         self.server_pids, self.client_pids = tuple(server_pids), tuple(client_pids)
@@ -545,9 +551,13 @@ class CpuMeter:
     def _client(self) -> float:
         return time.process_time() + sum(proc_cpu_s(p) or 0.0 for p in self.client_pids)
 
+    def _faults(self) -> int:
+        return sum(proc_major_faults(p) or 0 for p in self.server_pids)
+
     def start(self) -> CpuMeter:
         self.t0 = time.perf_counter()
         self.s0, self.c0, self.b0 = self._server(), self._client(), system_busy_s()
+        self.f0 = self._faults()
         return self
 
     def stop(self) -> dict[str, float]:
@@ -562,6 +572,7 @@ class CpuMeter:
             "client_cpu_s": round(client, 3),
             "client_cores": round(client / wall, 3),
             "others_cores": round(others / wall, 3),
+            "server_major_faults": self._faults() - self.f0,
         }
 
 

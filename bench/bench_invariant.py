@@ -79,15 +79,13 @@ sys.path.insert(0, str(HERE))
 
 from _client import (  # noqa: E402
     AsyncConn,
+    CpuMeter,
     ServeProcess,
     SSEParser,
     SyncConn,
     build_request,
     open_watch_streams,
-    proc_cpu_s,
-    proc_major_faults,
     summarize,
-    system_busy_s,
 )
 
 THRESHOLD = 1.20
@@ -498,35 +496,6 @@ class Live:
         self.conn.close()
 
 
-class Meter:
-    """CPU seconds of the server, of our processes and of everything else over a window."""
-
-    def __init__(self, server_pid: int, pids: tuple[int, ...]) -> None:
-        self.server_pid, self.pids = server_pid, pids
-
-    def _ours(self) -> float:
-        return time.process_time() + sum(proc_cpu_s(p) or 0.0 for p in self.pids)
-
-    def start(self) -> Meter:
-        self.t0 = time.perf_counter()
-        self.s0, self.c0, self.b0 = proc_cpu_s(self.server_pid), self._ours(), system_busy_s()
-        self.f0 = proc_major_faults(self.server_pid) or 0
-        return self
-
-    def stop(self) -> dict[str, float]:
-        wall = time.perf_counter() - self.t0
-        server = (proc_cpu_s(self.server_pid) or 0.0) - (self.s0 or 0.0)
-        client = self._ours() - self.c0
-        others = system_busy_s() - self.b0 - server - client
-        return {
-            "wall_s": round(wall, 3),
-            "server_cores": round(server / wall, 3),
-            "client_cores": round(client / wall, 3),
-            "others_cores": round(max(0.0, others) / wall, 3),
-            "server_major_faults": (proc_major_faults(self.server_pid) or 0) - self.f0,
-        }
-
-
 class Child:
     """A child process of this script speaking the line protocol on stdin/stdout."""
 
@@ -715,7 +684,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     scanner.send("START warm")
                     scanner.expect("STARTED")
                 log(f"round {rnd}: phase {name} ({args.seconds} s) ...")
-                meter = Meter(srv.pid, pids).start()
+                meter = CpuMeter([srv.pid], pids).start()
                 ph.update(live.run(args.seconds))
                 ph["cpu"] = meter.stop()
                 if name in ("B", "W"):
