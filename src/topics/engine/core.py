@@ -927,8 +927,8 @@ class Engine:
     # The other events: a topic instance coming into being, routers, topic ids.
 
     def _apply_router_put(self, ev: RouterPut) -> int:
-        src = self.topics.get(ev.source)
-        dst = self.topics.get(ev.dest)
+        src = self.topics.get(ev.router.source)
+        dst = self.topics.get(ev.router.dest)
         if (
             self.routers is not None
             and src is not None

@@ -43,6 +43,7 @@ __all__ = [
     "SeqsDeleted",
     "FloorsAdvanced",
     "LeaseChanged",
+    "RouterDef",
     "RouterPut",
     "RouterDeleted",
     "HeadReserved",
@@ -212,26 +213,41 @@ class LeaseChanged:
 
 
 @dataclass(frozen=True, slots=True)
-class RouterPut:
-    """A router created or updated (docs/API.md, "11. Routers").
+class RouterDef:
+    """What a router is, as its owner defined it (docs/API.md, "11. Routers").
 
-    The definition (`source`, `dest`, `preserve_node`, `preserve_tag`, `filter`,
-    `allow_cycle`, `guarantee`) plus its forwarding state: `cursor` (last source
-    seq consumed), `dest_base` (dest head when created), `forwarded_total`.
-    `source_id`/`dest_id` are the topic instances it connects: applied, the
-    router is installed only while both instances are the live ones.
+    `source` and `dest` are topic names; `filter` is the tag predicate (None:
+    every record); `guarantee` is `"at_least_once"` or `"exactly_once"`.
     """
 
     name: str
     source: str
     dest: str
-    source_id: int
-    dest_id: int
     preserve_node: bool = True
     preserve_tag: bool = True
     filter: Predicate | None = None
     allow_cycle: bool = False
     guarantee: str = "at_least_once"
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.guarantee == "exactly_once"
+
+
+@dataclass(frozen=True, slots=True)
+class RouterPut:
+    """A router created or updated (docs/API.md, "11. Routers").
+
+    `router` is the definition; the rest is its forwarding state: `cursor`
+    (last source seq consumed), `dest_base` (dest head when created),
+    `forwarded_total`. `source_id`/`dest_id` are the topic instances it
+    connects: applied, the router is installed only while both instances are
+    the live ones.
+    """
+
+    router: RouterDef
+    source_id: int
+    dest_id: int
     cursor: int = 0
     dest_base: int = 0
     forwarded_total: int = 0

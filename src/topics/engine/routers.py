@@ -22,13 +22,13 @@ from __future__ import annotations
 import builtins
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import orjson
 
 from topics.engine.core import Engine, decode_cursor, encode_cursor
-from topics.engine.events import RouterDeleted, RouterPut
+from topics.engine.events import RouterDef, RouterDeleted, RouterPut
 from topics.engine.frames import FrameSource
 from topics.engine.names import valid_router_name, valid_topic_name
 from topics.engine.params import Predicate, boolean, predicate, predicate_matches, predicate_wire
@@ -62,7 +62,7 @@ Allow = Callable[[str], bool]
 
 @dataclass(slots=True, eq=False)
 class Router:
-    """One router definition plus its forwarding state.
+    """One router: its definition (`spec`) plus its forwarding state.
 
     `cursor` is the last source seq consumed; `forwarded_total` counts source
     seqs delivered to the dest (copies, trim holes and exactly-once duplicates);
@@ -70,49 +70,30 @@ class Router:
     the creation order within the engine.
     """
 
-    name: str
-    source: str
-    dest: str
-    preserve_node: bool = True
-    preserve_tag: bool = True
-    filter: Predicate | None = None
-    allow_cycle: bool = False
-    guarantee: str = "at_least_once"
+    spec: RouterDef
     cursor: int = 0
     forwarded_total: int = 0
     dest_base: int = 0
     order: int = 0
 
     @property
-    def exactly_once(self) -> bool:
-        return self.guarantee == "exactly_once"
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def source(self) -> str:
+        return self.spec.source
+
+    @property
+    def dest(self) -> str:
+        return self.spec.dest
 
     def to_wire(self) -> dict[str, Any]:
         """The router object (docs/API.md, "11. Routers"), without `created` / `forwarded_total`."""
-        return {
-            "router": self.name,
-            "source": self.source,
-            "dest": self.dest,
-            "preserve_node": self.preserve_node,
-            "preserve_tag": self.preserve_tag,
-            "filter": predicate_wire(self.filter) if self.filter is not None else None,
-            "allow_cycle": self.allow_cycle,
-            "guarantee": self.guarantee,
-        }
-
-
-@dataclass(slots=True)
-class _Spec:
-    """A parsed `PUT /v0/routers/:r` body."""
-
-    source: str
-    dest: str
-    preserve_node: bool
-    preserve_tag: bool
-    create_dest: bool
-    filter: Predicate | None
-    allow_cycle: bool
-    guarantee: str
+        d = self.spec
+        out = asdict(d)
+        out["filter"] = predicate_wire(d.filter) if d.filter is not None else None
+        return {"router": out.pop("name"), **out}
 
 
 def router_key(name: str, source: Topic, seq: int) -> str:
@@ -150,8 +131,10 @@ def _not_found_router(name: str) -> TopicsError:
     return TopicsError(404, "router_not_found", f'router "{name}" does not exist', {"router": name})
 
 
-def _parse_spec(body: Any) -> _Spec:
+def _parse_spec(name: str, body: Any) -> tuple[RouterDef, bool]:
     """Body type checks of `PUT /v0/routers/:r`; every failure is `400 invalid_request`.
+
+    Returns the definition and the body's `create_dest`.
 
     See docs/API.md, "11.1 `PUT /v0/routers/:router`".
     """
@@ -177,16 +160,17 @@ def _parse_spec(body: Any) -> _Spec:
         guarantee = GUARANTEES[0]
     if not isinstance(guarantee, str) or guarantee not in GUARANTEES:
         raise bad_request('guarantee must be "at_least_once" or "exactly_once"')
-    return _Spec(
+    spec = RouterDef(
+        name=name,
         source=names[0],
         dest=names[1],
         preserve_node=boolean(body, "preserve_node", True),
         preserve_tag=boolean(body, "preserve_tag", True),
-        create_dest=boolean(body, "create_dest", True),
         filter=filt,
         allow_cycle=boolean(body, "allow_cycle", False),
         guarantee=guarantee,
     )
+    return spec, boolean(body, "create_dest", True)
 
 
 def _find_path(adj: dict[str, builtins.list[str]], start: str, goal: str) -> list[str] | None:
@@ -287,14 +271,7 @@ class RouterSet:
     def restore(self, ev: RouterPut) -> Router:
         """Reinstall a router from its logged state (recovery; no checks, no logging)."""
         r = Router(
-            name=ev.name,
-            source=ev.source,
-            dest=ev.dest,
-            preserve_node=ev.preserve_node,
-            preserve_tag=ev.preserve_tag,
-            filter=ev.filter,
-            allow_cycle=ev.allow_cycle,
-            guarantee=ev.guarantee,
+            ev.router,
             cursor=ev.cursor,
             forwarded_total=ev.forwarded_total,
             dest_base=ev.dest_base,
@@ -332,7 +309,7 @@ class RouterSet:
         (409), re-point (409), router cap (429), cycle (409), auto-create of
         missing topics (rolled back on failure), then create or update.
         """
-        spec = _parse_spec(body)
+        spec, create_dest = _parse_spec(name, body)
         if allow is not None:
             for t in (spec.source, spec.dest):
                 if not allow(t):
@@ -345,7 +322,7 @@ class RouterSet:
             if not valid_topic_name(t):
                 raise bad_request(f"invalid topic name {t!r}")
         eng = self.engine
-        if not spec.create_dest and spec.dest not in eng.topics:
+        if not create_dest and spec.dest not in eng.topics:
             raise not_found_topic(spec.dest)
         for other in self._by_dest.get(spec.dest, ()):
             if other.name != name and other.source != spec.source:
@@ -391,32 +368,15 @@ class RouterSet:
                 )
         if existing is not None:
             # Update in place: cursor, totals and dest_base are kept.
-            r = replace(
-                existing,
-                preserve_node=spec.preserve_node,
-                preserve_tag=spec.preserve_tag,
-                filter=spec.filter,
-                allow_cycle=spec.allow_cycle,
-                guarantee=spec.guarantee,
+            self._log_put(
+                Router(spec, existing.cursor, existing.forwarded_total, existing.dest_base)
             )
-            self._log_put(r)
-            existing.preserve_node = r.preserve_node
-            existing.preserve_tag = r.preserve_tag
-            existing.filter = r.filter
-            existing.allow_cycle = r.allow_cycle
-            existing.guarantee = r.guarantee
+            existing.spec = spec
             return self._put_result(existing, False), False
         src, dst = self._ensure_topics(spec.source, spec.dest)
         # No backfill: forwarding starts after the source head at creation.
         r = Router(
-            name,
-            spec.source,
-            spec.dest,
-            spec.preserve_node,
-            spec.preserve_tag,
-            spec.filter,
-            spec.allow_cycle,
-            spec.guarantee,
+            spec,
             cursor=src.head_seq,
             dest_base=dst.head_seq,
             order=self._next_order,
@@ -512,7 +472,7 @@ class RouterSet:
                     "router": r.name,
                     "source": r.source,
                     "dest": r.dest,
-                    "guarantee": r.guarantee,
+                    "guarantee": r.spec.guarantee,
                     "forwarded_total": r.forwarded_total,
                 }
                 for r in page
@@ -580,6 +540,9 @@ class RouterSet:
         cfg = dst.config
         reject = cfg.discard == "reject"
         ttl = src.config.ttl_ms
+        d = r.spec
+        filt = d.filter
+        exactly_once = d.exactly_once
         copies: builtins.list[NewRecord] = []
         keys: builtins.list[str | None] = []
         queued_bytes = 0
@@ -595,12 +558,12 @@ class RouterSet:
             if (ttl > 0 and now - ts > ttl) or hops >= MAX_HOPS:
                 last = seq  # expired, or loop breaker
                 continue
-            if r.filter is not None and not predicate_matches(r.filter, pl.tag):
+            if filt is not None and not predicate_matches(filt, pl.tag):
                 last = seq
                 continue
             meta = pl.meta
             key: str | None = None
-            if r.exactly_once:
+            if exactly_once:
                 key = router_key(r.name, src, seq)
                 dseq = dst.router_keys.get(key)
                 if dseq is not None:
@@ -621,7 +584,7 @@ class RouterSet:
             mlen = len(meta) if meta is not None else 0
             nbytes = len(pl.data) + mlen
             if nbytes > lim.max_record_bytes or mlen > lim.max_meta_bytes:
-                if r.exactly_once:
+                if exactly_once:
                     break
                 last = seq  # at_least_once: dropped
                 continue
@@ -640,8 +603,8 @@ class RouterSet:
                 NewRecord(
                     pl.data,
                     meta,
-                    pl.node if r.preserve_node else None,
-                    pl.tag if r.preserve_tag else None,
+                    pl.node if d.preserve_node else None,
+                    pl.tag if d.preserve_tag else None,
                     nbytes,
                     hops + 1,
                 )
@@ -814,16 +777,9 @@ def router_event(r: Router, topic_id: Callable[[str], int]) -> RouterPut:
     recovery can drop a router whose source or dest instance was deleted later.
     """
     return RouterPut(
-        name=r.name,
-        source=r.source,
-        dest=r.dest,
+        r.spec,
         source_id=topic_id(r.source),
         dest_id=topic_id(r.dest),
-        preserve_node=r.preserve_node,
-        preserve_tag=r.preserve_tag,
-        filter=r.filter,
-        allow_cycle=r.allow_cycle,
-        guarantee=r.guarantee,
         cursor=r.cursor,
         dest_base=r.dest_base,
         forwarded_total=r.forwarded_total,

@@ -13,6 +13,7 @@ logged (the event's `head_seq`), which orders it among the topic's appends.
 
 from __future__ import annotations
 
+from dataclasses import asdict, fields
 from typing import Any
 
 from topics.engine.events import (
@@ -23,6 +24,7 @@ from topics.engine.events import (
     LeaseChanged,
     RecordsDeleted,
     RecordsLost,
+    RouterDef,
     RouterDeleted,
     RouterPut,
     SeqsDeleted,
@@ -52,17 +54,12 @@ ControlFrame = tuple[int, int, dict[str, Any], int, int]
 
 def router_body(ev: RouterPut) -> dict[str, Any]:
     """The RouterCreate body (also a snapshot's router state) of `ev`."""
+    d = ev.router
     return {
-        "name": ev.name,
-        "source": ev.source,
-        "dest": ev.dest,
+        **asdict(d),
+        "filter": list(d.filter) if d.filter is not None else None,
         "source_id": ev.source_id,
         "dest_id": ev.dest_id,
-        "preserve_node": ev.preserve_node,
-        "preserve_tag": ev.preserve_tag,
-        "filter": list(ev.filter) if ev.filter is not None else None,
-        "allow_cycle": ev.allow_cycle,
-        "guarantee": ev.guarantee,
         "cursor": ev.cursor,
         "dest_base": ev.dest_base,
         "forwarded_total": ev.forwarded_total,
@@ -74,18 +71,13 @@ def router_from_body(b: dict[str, Any]) -> RouterPut:
 
     Raises KeyError when `name`, `source` or `dest` is missing.
     """
+    given = {f.name: b[f.name] for f in fields(RouterDef) if f.name in b}
     filt = b.get("filter")
+    given["filter"] = (str(filt[0]), str(filt[1])) if filt else None
     return RouterPut(
-        name=str(b["name"]),
-        source=str(b["source"]),
-        dest=str(b["dest"]),
+        RouterDef(**given),
         source_id=int(b.get("source_id", -1)),
         dest_id=int(b.get("dest_id", -1)),
-        preserve_node=bool(b.get("preserve_node", True)),
-        preserve_tag=bool(b.get("preserve_tag", True)),
-        filter=(str(filt[0]), str(filt[1])) if filt else None,
-        allow_cycle=bool(b.get("allow_cycle", False)),
-        guarantee=str(b.get("guarantee", "at_least_once")),
         cursor=int(b.get("cursor", 0)),
         dest_base=int(b.get("dest_base", 0)),
         forwarded_total=int(b.get("forwarded_total", 0)),

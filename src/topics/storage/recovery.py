@@ -482,7 +482,7 @@ def replay(
                 ctx.reserved[ev.topic_id] = res
             ctx.attach(ev.topic_id)
         for rp in router_states(body):
-            routers_state[rp.name] = rp
+            routers_state[rp.router.name] = rp
         # Deletes the snapshot lists but whose `.idx` flags may not be on disk yet.
         for tid, runs in body.get("flips") or []:
             engine.apply(SeqsDeleted(int(tid), tuple(expand_ranges(runs))))
@@ -582,7 +582,7 @@ def replay(
             continue
         if typ == ROUTER_CREATE:
             rp = router_from_body(rb)
-            routers_state[rp.name] = rp
+            routers_state[rp.router.name] = rp
         else:
             routers_state.pop(str(rb.get("name")), None)
 
@@ -596,7 +596,7 @@ def replay(
         # Installed only while the source and dest instances they name are live.
         for rp in routers_state.values():
             engine.apply(rp)
-            if engine.routers.by_name(rp.name) is not None:
+            if engine.routers.by_name(rp.router.name) is not None:
                 report.routers += 1
         engine.routers.drain_all()
     # Segment stores of topic instances that are gone: the first checkpoint removes them.
