@@ -179,6 +179,10 @@ class ServerConfig:
     http_header_timeout_ms: int = 10_000
     max_connections: int = 16_384
     max_connections_per_ip: int = 4_096
+    # Delivery scheduling (docs/SCHEDULER.md): "priority" (banded DWRR and the
+    # governor's ladder) or "fifo" (every publication delivered at once, in order,
+    # never throttled).
+    scheduler: str = "priority"
 
     @property
     def auth_enabled(self) -> bool:
@@ -187,6 +191,8 @@ class ServerConfig:
 
 
 PORT_MAX = 65535
+#: Values of TOPICS_SCHEDULER; the first is the default.
+SCHEDULERS = ("priority", "fifo")
 
 
 def parse_port(raw: str, what: str) -> int:
@@ -362,8 +368,14 @@ def load_config(env: Mapping[str, str] | None = None) -> ServerConfig:
             "kafka_max_frame_bytes": 1,
         },
     )
+    scheduler = env.get("TOPICS_SCHEDULER", "").strip().lower() or "priority"
+    if scheduler not in SCHEDULERS:
+        raise ConfigError(
+            f"TOPICS_SCHEDULER={scheduler!r}: expected one of {', '.join(SCHEDULERS)}"
+        )
     return ServerConfig(
         host=host,
+        scheduler=scheduler,
         port=port,
         port_file=env.get("TOPICS_PORT_FILE") or None,
         api_keys=keys,

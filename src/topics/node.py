@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from topics.auth import Authenticator
 from topics.clock import Clock, SystemClock
 from topics.config import ServerConfig
+from topics.delivery import Delivery
 from topics.engine.core import Engine
 from topics.engine.queues import Queues
 from topics.engine.routers import RouterSet
@@ -125,6 +126,13 @@ class Node:
         self.routers = RouterSet(self.engine)
         self.queues = Queues(self.engine)
         self.watches = WatchRegistry(self.engine)
+        self.delivery = Delivery(
+            self.engine,
+            self.clock,
+            fifo=config.scheduler == "fifo",
+            pool_busy=self._pool_busy,
+            set_commit_window=self._set_commit_window,
+        )
         self.auth = Authenticator(config.api_keys)
         self.storage: Storage | None = None
         self.wal: WalJournal | None = None
@@ -183,6 +191,7 @@ class Node:
             _log_recovery(storage.report)
             storage.start()
         loop = asyncio.get_running_loop()
+        self.delivery.start(loop)
         # Publication schedules forwarding (whichever shell wrote); the periodic
         # pass only retries sources that could not move.
         self.routers.schedule = self._schedule_forwarding
@@ -224,6 +233,7 @@ class Node:
 
     async def _stop_background(self) -> None:
         self.running = False
+        self.delivery.stop()
         self.routers.schedule = None
         tasks = self._tasks + list(self._forwarding)
         self._tasks = []
@@ -235,6 +245,23 @@ class Node:
             except (asyncio.CancelledError, Exception):
                 pass
 
+    def _pool_busy(self) -> float:
+        """The governor's pool signal: the busier of the read pool and the WAL ingest queues."""
+        from topics.storage.reads import read_pool
+
+        busy = read_pool.busy_share()
+        wal = self.wal
+        if wal is not None:
+            for sh in wal.shards:
+                busy = max(busy, sh.queue_depth / max(sh.queue_max, 1))
+        return busy
+
+    def _set_commit_window(self, seconds: float) -> None:
+        wal = self.wal
+        if wal is not None:
+            for sh in wal.shards:
+                sh.commit_window_s = seconds
+
     def _on_progress(self, fraction: float) -> None:
         self.replay_progress = fraction
 
@@ -242,6 +269,11 @@ class Node:
         """Run a forwarding pass soon: on the next turn of the loop when every record
         it reads is in memory, else once the segment spans it reads are warm
         (a pass changes state as it reads, so it cannot stop for the disk)."""
+        if self.delivery.defer_routers(lambda: self._forward(drain)):
+            return  # the lowest band is deferred: forwarding waits a band below its sources
+        self._forward(drain)
+
+    def _forward(self, drain: Callable[[], object]) -> None:
         loop = asyncio.get_running_loop()
         spans = self.routers.pending_spans()
         if not spans:
@@ -266,6 +298,8 @@ class Node:
         """Retry stalled router sources every `router_retry_s` (publication schedules the rest)."""
         while True:
             await asyncio.sleep(self.router_retry_s)
+            if self.delivery.governor.deferring:
+                continue  # forwarding is deferred with the lowest band
             try:
                 self.routers.drain_dirty()
             except Exception:  # pragma: no cover - logged, the pass keeps going

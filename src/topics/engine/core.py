@@ -209,6 +209,9 @@ class Engine:
         # Hooks installed by the router and queue layers (engine.routers / engine.queues).
         self.drain_into: Callable[[Topic], None] = lambda t: None
         self.on_published: Callable[[Topic], None] = lambda t: None
+        # The delivery work of a publication (wake the topic's listeners): at once
+        # by default; the delivery scheduler installs itself here (docs/SCHEDULER.md).
+        self.deliver: Callable[[Topic], None] = Topic.notify
         self.on_topic_deleted: Callable[[Topic], list[str]] = lambda t: []
         self.on_topic_created: Callable[[Topic], None] = lambda t: None
         # The router and queue layers attach themselves here.
@@ -244,7 +247,11 @@ class Engine:
         """A new, unregistered instance wired to log its floors."""
         t = Topic(name, topic_id, cfg, created_ms, self.totals, self.nodes)
         t.on_floor_advance = self._floor_advanced
+        t.on_publish = self._published
         return t
+
+    def _published(self, t: Topic) -> None:
+        self.deliver(t)
 
     def _floor_advanced(self, t: Topic) -> None:
         if t.alive and self.topics.get(t.name) is t:
@@ -570,6 +577,7 @@ class Engine:
         if h.error is not None:
             pw.error = h.error
         pw.fsync_ms = h.fsync_ms
+        pw.throttle_ms = h.throttle_ms
         pw.topic.complete(pw, h.ok)
 
     def admit(self, t: Topic, records: list[NewRecord]) -> None:

@@ -30,17 +30,19 @@ class Handle:
     no longer become durable (`ok` False; `error` may say why better than
     "500 internal", e.g. `507` when the disk is full). `fsync_ms` is the
     duration of the `fdatasync` that made an fsync-class batch durable (ms, 0
-    otherwise). Callbacks run on the event loop, in the order they were added,
+    otherwise); `throttle_ms` is how long the event waited for a commit window
+    the delivery governor widened (ms, docs/SCHEDULER.md). Callbacks run on the event loop, in the order they were added,
     when the handle completes (at once when it already has).
     """
 
-    __slots__ = ("done", "ok", "error", "fsync_ms", "_callbacks")
+    __slots__ = ("done", "ok", "error", "fsync_ms", "throttle_ms", "_callbacks")
 
     def __init__(self, done: bool = False, ok: bool = False) -> None:
         self.done = done
         self.ok = ok
         self.error: TopicsError | None = None
         self.fsync_ms = 0.0
+        self.throttle_ms = 0.0
         self._callbacks: list[Callable[[bool], None]] | None = None
 
     def add_done_callback(self, fn: Callable[[bool], None]) -> None:

@@ -707,6 +707,11 @@ class RouterSet:
         srcs.reverse()
         return srcs
 
+    def dirty_sources(self) -> builtins.list[Topic]:
+        """The live source topics with records their routers have not forwarded yet."""
+        tops = self.engine.topics
+        return [t for n in self._dirty if (t := tops.get(n)) is not None]
+
     def _scheduled_drain(self) -> None:
         self._drain_scheduled = False
         self.drain_dirty()

@@ -189,6 +189,7 @@ class PendingWrite:
     published: bool = False
     head_after: int = 0
     fsync_ms: float = 0.0  # measured by the journal for fsync-class commits
+    throttle_ms: float = 0.0  # waited for a widened commit window (docs/SCHEDULER.md)
     # Why the commit failed, when the journal knows better than "500 internal"
     # (e.g. 507 when the disk is full).
     error: TopicsError | None = None
@@ -274,6 +275,9 @@ class Topic:
         self.alive = True
         # Called when an involuntary floor advances, so it can be logged (EvictWatermark).
         self.on_floor_advance: Callable[[Topic], None] | None = None
+        # Called when records become visible: the delivery work of the publication
+        # (the engine hands it to its scheduler; alone, a topic wakes its listeners).
+        self.on_publish: Callable[[Topic], None] = Topic.notify
         self._totals = totals
         self._nodes = nodes
 
@@ -619,7 +623,7 @@ class Topic:
                 cb()
             p.waiters.clear()
         if published:
-            self.notify()
+            self.on_publish(self)
 
     def _publish(self, p: PendingWrite) -> None:
         n = len(p.records)

@@ -275,7 +275,14 @@ class WalJournal:
         def done(e: WalEntry, ok: bool, fsync_ms: float) -> None:
             err = _disk_full() if not ok and isinstance(e.error, WalDiskFull) else None
             loop.call_soon_threadsafe(
-                self._write_done, h, tid, ok, err, fsync_ms if fsync else 0.0, reserved_before
+                self._write_done,
+                h,
+                tid,
+                ok,
+                err,
+                fsync_ms if fsync else 0.0,
+                reserved_before,
+                e.window_ms,
             )
 
         try:
@@ -393,9 +400,11 @@ class WalJournal:
         error: TopicsError | None,
         fsync_ms: float,
         reserved: int,
+        window_ms: float = 0.0,
     ) -> None:
         if not ok and self.reserved.get(topic_id, 0) > reserved:
             self.reserved[topic_id] = reserved
+        h.throttle_ms = window_ms
         h.settle(ok, error, fsync_ms)
 
     # ------------------------------------------------------------ topics

@@ -74,7 +74,8 @@ class ReadPool:
     """A bounded pool of threads that fetch segment spans for reads on the loop.
 
     Thread-safe to create; :meth:`run` must be called from the event loop.
-    Counters: `fetches` (spans read), `fetched_bytes`.
+    Counters: `fetches` (spans read), `fetched_bytes`; `busy` is the number of
+    fetches in flight (the delivery governor's pool signal, docs/SCHEDULER.md).
     """
 
     def __init__(self, threads: int = READ_THREADS) -> None:
@@ -83,6 +84,19 @@ class ReadPool:
         self._lock = threading.Lock()
         self.fetches = 0
         self.fetched_bytes = 0
+        self.busy = 0
+
+    def busy_share(self) -> float:
+        """Fetches in flight per thread (0..1)."""
+        return min(self.busy / self.threads, 1.0)
+
+    async def _fetch(self, src: FrameSource, lo: int, hi: int) -> bytes:
+        loop = asyncio.get_running_loop()
+        self.busy += 1
+        try:
+            return await loop.run_in_executor(self._executor(), src.fetch, lo, hi)
+        finally:
+            self.busy -= 1
 
     def _executor(self) -> ThreadPoolExecutor:
         pool = self._pool
@@ -107,7 +121,6 @@ class ReadPool:
         """
         if ahead is None:
             ahead = ReadAhead()
-        loop = asyncio.get_running_loop()
         for _ in range(MAX_FETCHES):
             token = read_ahead.set(ahead)
             try:
@@ -119,7 +132,7 @@ class ReadPool:
             finally:
                 read_ahead.reset(token)
             hi = max(need_hi, lo + READ_AHEAD_BYTES)  # short at the end of the file
-            buf = await loop.run_in_executor(self._executor(), src.fetch, lo, hi)
+            buf = await self._fetch(src, lo, hi)
             self.fetches += 1
             self.fetched_bytes += len(buf)
             ahead.add(src, lo, buf)
@@ -136,7 +149,6 @@ class ReadPool:
         spans, that read does not wait for the disk. At most `limit` bytes
         (:data:`MAX_WARM_BYTES`); errors are left to the read in place.
         """
-        loop = asyncio.get_running_loop()
         budget = limit
         for src, lo, hi in spans:
             hi = min(hi, lo + budget)
@@ -144,7 +156,7 @@ class ReadPool:
                 break
             budget -= hi - lo
             try:
-                await loop.run_in_executor(self._executor(), src.fetch, lo, hi)
+                await self._fetch(src, lo, hi)
             except OSError:
                 return
             self.fetches += 1

@@ -180,6 +180,10 @@ class WalEntry:
     more: tuple[Data, ...] = ()
     # len(data) + the lengths of `more`: the bytes the entry takes in the log.
     size: int = field(init=False, default=0)
+    # When it was queued (the shard clock's monotonic seconds), and how long it
+    # then waited for a widened commit window (ms; docs/SCHEDULER.md).
+    queued_at: float = field(init=False, default=0.0)
+    window_ms: float = field(init=False, default=0.0)
 
     def __post_init__(self) -> None:
         self.size = len(self.data) + sum(len(b) for b in self.more)
@@ -649,6 +653,10 @@ class WalShard:
         self.file_bytes = file_bytes
         self.queue_max = queue_max
         self.sync_interval_s = sync_interval_s
+        # How long the writer keeps gathering a batch after its first entry (s):
+        # 0 under normal load; the delivery governor widens it under pressure
+        # (docs/SCHEDULER.md, "The ladder"). Read once per batch, from any thread.
+        self.commit_window_s = 0.0
         self.metrics = WalMetrics()
         self.read_only = False
         self._q: queue.SimpleQueue[WalEntry | _Wake | None] = queue.SimpleQueue()
@@ -891,6 +899,7 @@ class WalShard:
             self._depth += 1
             if self._depth > self.metrics.queue_depth_peak:
                 self.metrics.queue_depth_peak = self._depth
+        entry.queued_at = self.clock.monotonic()
         self._q.put(entry)
 
     def write_now(self, entry: WalEntry) -> bool:
@@ -955,18 +964,30 @@ class WalShard:
             batch: list[WalEntry] = []
             size = 0
             item: WalEntry | _Wake | None = first
+            window = self.commit_window_s
+            start = self.clock.monotonic() if window > 0 else 0.0
             while True:
                 if item is None:
                     stopping = True
                 elif not isinstance(item, _Wake):
                     batch.append(item)
                     size += item.size
-                if size >= MAX_BATCH_BYTES:
+                if size >= MAX_BATCH_BYTES or stopping:
                     break
                 try:
                     item = q.get_nowait()
                 except queue.Empty:
-                    break
+                    left = start + window - self.clock.monotonic() if window > 0 else 0.0
+                    if left <= 0:
+                        break
+                    try:
+                        item = q.get(timeout=left)  # a widened window: gather more
+                    except queue.Empty:
+                        break
+            if window > 0 and batch:
+                end = self.clock.monotonic()
+                for e in batch:
+                    e.window_ms = max(end - max(e.queued_at, start), 0.0) * 1000
             if batch:
                 with self._io:
                     # Counted until the lock is held, so write_now never overtakes

@@ -1,0 +1,364 @@
+"""The delivery worker: runs publications' delivery work on the loop, by priority.
+
+A publication (records of a topic became visible) no longer wakes the topic's
+listeners on the spot: the engine hands the topic to :meth:`Delivery.published`,
+which queues it in a :class:`~topics.engine.scheduler.ReadySet` (at most once)
+and serves the set from the event loop, highest band first by weighted
+round-robin. Serving a topic wakes everything listening to it (SSE and
+WebSocket streams through the app's fan-out, long-polls, queue waiters, the
+Kafka listener), in one go, so the records that arrived meanwhile go out
+together. Every :data:`~topics.engine.scheduler.AGE_TICK_MS` the waiting topics
+age; every :data:`~topics.engine.scheduler.GOVERNOR_PERIOD_MS` the
+:class:`~topics.engine.scheduler.Governor` recomputes pressure and the worker
+applies the ladder: coalescing windows, the WAL's group-commit window, the
+deferral of band B0 and of router forwarding. docs/SCHEDULER.md describes
+what a client sees at each step.
+
+While nothing is queued and pressure is low, one publication per loop turn is
+served inside the publication itself, so an idle server delivers as soon as it
+did without a scheduler. With `TOPICS_SCHEDULER=fifo` every publication is
+served at once, in publication order, and the governor never presses.
+
+Times come from the node's :class:`~topics.clock.Clock` (monotonic, in ms):
+the loop's timers only decide when to look, so a test drives :meth:`tick`
+and :meth:`drain` with a manual clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from topics.clock import Clock
+from topics.engine.core import Engine
+from topics.engine.scheduler import (
+    AGE_TICK_MS,
+    BAND_NAMES,
+    COALESCE_AT,
+    GOVERNOR_PERIOD_MS,
+    Governor,
+    ReadySet,
+)
+from topics.engine.topic import Topic
+
+__all__ = ["Delivery", "LATENCY_BUCKETS_MS", "DRAIN_BUDGET_MS", "RouterWork"]
+
+log = logging.getLogger("topics.delivery")
+
+#: Longest a drain runs before it gives the loop back (ms): sockets are read and
+#: commits land between two drains, so a long ready set never stalls the loop.
+DRAIN_BUDGET_MS = 2.0
+#: Upper bounds of the scheduling-latency histogram (ms, marked to served).
+LATENCY_BUCKETS_MS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 1000.0)
+
+
+class RouterWork:
+    """The ready-set key of router forwarding while it is deferred a band."""
+
+    __slots__ = ("runs",)
+
+    def __init__(self) -> None:
+        self.runs: list[Callable[[], object]] = []
+
+    def __repr__(self) -> str:
+        return "RouterWork()"
+
+
+class Delivery:
+    """Serves the publications of one engine on its event loop (loop-only).
+
+    `pool_busy()` gives the busy share (0..1) of the blocking pools: the read
+    pool's threads and the WAL shards' ingest queues. `set_commit_window(s)` is
+    called with the group-commit window the ladder asks for (seconds; 0 =
+    none). `fifo` turns scheduling off (docs/SCHEDULER.md, "Turning it off").
+
+    Counters: `inline` (publications served inside themselves), `drains`,
+    `held` (services put off by a coalescing window), `latency_counts`
+    (histogram over :data:`LATENCY_BUCKETS_MS`, last bucket: above), `rejected`
+    (writes refused with 429 by :meth:`refuse_write`).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        clock: Clock,
+        *,
+        fifo: bool = False,
+        pool_busy: Callable[[], float] = lambda: 0.0,
+        set_commit_window: Callable[[float], None] = lambda s: None,
+    ) -> None:
+        self.engine = engine
+        self.clock = clock
+        self.fifo = fifo
+        self.pool_busy = pool_busy
+        self.set_commit_window = set_commit_window
+        self.governor = Governor(workers=1, enabled=not fifo)
+        self.ready: ReadySet[Topic | RouterWork] = ReadySet(self._priority)
+        self.routers = RouterWork()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._scheduled = False
+        self._turn_scheduled = False
+        self._inline_used = False
+        self._last_served: dict[Topic, float] = {}
+        self._held: dict[Topic, asyncio.TimerHandle] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._last_age = 0.0
+        self._last_govern = 0.0
+        self._window_s = 0.0
+        self.inline = 0
+        self.drains = 0
+        self.held = 0
+        self.rejected = 0
+        self.latency_counts = [0] * (len(LATENCY_BUCKETS_MS) + 1)
+        self.latency_sum_ms = 0.0
+
+    # ----------------------------------------------------------- lifecycle
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Take over the engine's publications and start the aging/governor timer."""
+        self._loop = loop
+        self.engine.deliver = self.published
+        now = self._now()
+        self._last_age = self._last_govern = now
+        if not self.fifo:
+            self._timer = loop.call_later(AGE_TICK_MS / 1000, self._on_timer)
+
+    def stop(self) -> None:
+        """Serve what is queued, stop the timers and hand publications back to the engine."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for h in self._held.values():
+            h.cancel()
+        held, self._held = list(self._held), {}
+        self.engine.deliver = Topic.notify
+        self.ready.defer_b0 = False
+        for t in held:
+            self.ready.mark(t, self._now())
+        self.drain(budget_ms=None)
+        self._apply_window(0.0)
+
+    def _now(self) -> float:
+        return self.clock.monotonic() * 1000.0
+
+    def _priority(self, key: Topic | RouterWork) -> float:
+        eng = self.engine
+        if isinstance(key, RouterWork):
+            # Forwarding serves the sources that published: the most urgent one counts.
+            srcs = eng.routers.dirty_sources() if eng.routers is not None else ()
+            prios = [eng.effective_priority(t, eng.clock.now_ms()) for t in srcs]
+            return max(prios, default=0)
+        return eng.effective_priority(key, eng.clock.now_ms())
+
+    # ---------------------------------------------------------- publications
+
+    def published(self, t: Topic) -> None:
+        """The engine's delivery hook: `t` has records its listeners have not seen."""
+        if self.fifo:
+            t.notify()
+            return
+        if t in self._held or t in self.ready:
+            self.ready.coalesced += 1
+            return
+        now = self._now()
+        if (
+            not self._inline_used
+            and not self.ready
+            and self.governor.pressure <= COALESCE_AT
+            and self._loop is not None
+        ):
+            # Nothing waits and nothing presses: serve it inside the publication.
+            self._inline_used = True
+            self._turn_soon()
+            self.inline += 1
+            self._serve(t, now, 0.0)
+            return
+        self.ready.mark(t, now)
+        self._drain_soon()
+
+    def defer_routers(self, run: Callable[[], object]) -> bool:
+        """Queue a forwarding pass one band below its sources while B0 is deferred.
+
+        Returns False (the caller runs it as usual) when nothing is deferred.
+        """
+        if self.fifo or not self.governor.deferring:
+            return False
+        self.routers.runs.append(run)
+        self.ready.mark(self.routers, self._now(), demoted=True)
+        self._drain_soon()
+        return True
+
+    def refuse_write(self, queue_full: bool) -> bool:
+        """True when a write should be refused with `429` (docs/SCHEDULER.md,
+        "The ladder"): the WAL ingest queue is full and pressure is near 1."""
+        if self.governor.refuse_write(queue_full):
+            self.rejected += 1
+            return True
+        return False
+
+    def forget(self, t: Topic) -> None:
+        """`t` is gone: drop its queued work and its window."""
+        self.ready.discard(t)
+        self._last_served.pop(t, None)
+        h = self._held.pop(t, None)
+        if h is not None:
+            h.cancel()
+
+    # ---------------------------------------------------------------- service
+
+    def _turn_soon(self) -> None:
+        if not self._turn_scheduled and self._loop is not None:
+            self._turn_scheduled = True
+            self._loop.call_soon(self._turn)
+
+    def _turn(self) -> None:
+        self._turn_scheduled = False
+        self._inline_used = False
+
+    def _drain_soon(self) -> None:
+        if not self._scheduled and self._loop is not None:
+            self._scheduled = True
+            self._loop.call_soon(self._drain_cb)
+
+    def _drain_cb(self) -> None:
+        self._scheduled = False
+        self.drain()
+        if self.ready.servable():
+            self._drain_soon()
+
+    def drain(self, budget_ms: float | None = DRAIN_BUDGET_MS) -> int:
+        """Serve queued keys in DWRR order for at most `budget_ms` (None: until
+        nothing servable is left); returns how many were served."""
+        self.drains += 1
+        start = self._now()
+        served = 0
+        while True:
+            now = self._now()
+            if budget_ms is not None and served and now - start >= budget_ms:
+                break
+            key = self.ready.pop()
+            if key is None:
+                break
+            served += 1
+            waited = now - self.ready.last_enqueued_ms
+            if isinstance(key, RouterWork):
+                runs, key.runs = key.runs, []
+                for run in runs:
+                    run()
+                self._observe(waited)
+            else:
+                self._serve(key, now, waited)
+        return served
+
+    def _serve(self, t: Topic, now: float, waited: float) -> None:
+        if not t.alive:
+            self._last_served.pop(t, None)
+            return
+        window = self.governor.coalesce_ms
+        last = self._last_served.get(t)
+        if window > 0 and last is not None and now - last < window and self._loop is not None:
+            # Coalescing: the topic was served less than a window ago; what it
+            # publishes meanwhile goes out together when the window ends.
+            self.held += 1
+            delay = (last + window - now) / 1000
+            self._held[t] = self._loop.call_later(delay, self._release, t)
+            return
+        self._last_served[t] = now
+        self._observe(waited)
+        try:
+            t.notify()
+        except Exception:  # pragma: no cover - a listener's bug must not stop delivery
+            log.exception("delivery to the listeners of %s failed", t.name)
+
+    def _release(self, t: Topic) -> None:
+        if self._held.pop(t, None) is None:
+            return
+        self._last_served.pop(t, None)  # the window is over
+        self.ready.mark(t, self._now())
+        self._drain_soon()
+
+    def _observe(self, waited: float) -> None:
+        self.governor.observe(waited)
+        self.latency_sum_ms += waited
+        for i, bound in enumerate(LATENCY_BUCKETS_MS):
+            if waited <= bound:
+                self.latency_counts[i] += 1
+                return
+        self.latency_counts[-1] += 1
+
+    # ---------------------------------------------------------- aging, governor
+
+    def _on_timer(self) -> None:
+        if self._loop is None:
+            return
+        try:
+            self.tick()
+        finally:
+            self._timer = self._loop.call_later(AGE_TICK_MS / 1000, self._on_timer)
+
+    def tick(self) -> None:
+        """The aging tick, and the governor's sample when its period is due."""
+        now = self._now()
+        if now - self._last_age >= AGE_TICK_MS:
+            self._last_age = now
+            self.ready.age(now)
+        if now - self._last_govern >= GOVERNOR_PERIOD_MS:
+            self._last_govern = now
+            self.govern()
+
+    def govern(self) -> float:
+        """Sample the governor and apply the ladder; returns the pressure."""
+        if not self.ready:
+            # Nothing waited during this period: latency decays toward zero.
+            self.governor.observe(0.0)
+        p = self.governor.sample(len(self.ready), self.pool_busy())
+        self.ready.defer_b0 = self.governor.deferring
+        if self.governor.coalesce_ms == 0.0:
+            self._last_served.clear()  # only a coalescing window needs them
+        self._apply_window(self.governor.commit_window_ms / 1000)
+        if not self.governor.deferring and self.routers.runs:
+            self.ready.discard(self.routers)
+            runs, self.routers.runs = self.routers.runs, []
+            for run in runs:
+                run()
+        if len(self.ready):
+            self._drain_soon()
+        return p
+
+    def _apply_window(self, seconds: float) -> None:
+        if seconds != self._window_s:
+            self._window_s = seconds
+            self.set_commit_window(seconds)
+
+    # ----------------------------------------------------------------- metrics
+
+    def stats(self) -> dict[str, Any]:
+        """Figures for `/v0/metrics` (docs/API.md, "15.3 `GET /v0/metrics`")."""
+        g = self.governor
+        depth = self.ready.depth()
+        return {
+            "mode": "fifo" if self.fifo else "priority",
+            "pressure": round(g.pressure, 4),
+            "pressure_terms": {
+                "depth": round(g.terms[0], 4),
+                "latency": round(g.terms[1], 4),
+                "pool": round(g.terms[2], 4),
+            },
+            "latency_ewma_ms": round(g.latency_ewma_ms, 4),
+            "ready": {BAND_NAMES[b]: depth[b] for b in range(len(depth) - 1, -1, -1)},
+            "served": {BAND_NAMES[b]: self.ready.served[b] for b in range(4, -1, -1)},
+            "inline": self.inline,
+            "coalesced": self.ready.coalesced + self.held,
+            "deferring": g.deferring,
+            "deferrals": g.deferrals,
+            "commit_window_ms": round(self._window_s * 1000, 3),
+            "coalesce_window_ms": round(g.coalesce_ms, 3),
+            "rejected": self.rejected,
+            "latency_ms": {
+                "buckets": list(LATENCY_BUCKETS_MS),
+                "counts": list(self.latency_counts),
+                "sum": round(self.latency_sum_ms, 3),
+            },
+        }

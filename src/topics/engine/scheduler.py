@@ -1,0 +1,335 @@
+"""Delivery scheduling: which dirty topic is served next, and how pressed the server is.
+
+Pure and synchronous like the rest of the engine; every instant is a value the
+caller reads from its :class:`~topics.clock.Clock` (milliseconds of the
+monotonic reading), so tests drive windows, ticks and deadlines without
+sleeping. The loop-side worker that uses both classes is
+:mod:`topics.delivery`. Behaviour: docs/SCHEDULER.md.
+
+* :class:`ReadySet` holds the topics with delivery work (watchers to wake,
+  router forwarding to run), each at most once, in five priority bands drawn
+  by deficit weighted round-robin, FIFO by `enqueued_at` within a band, with
+  aging so a topic at the bottom reaches the top band within
+  :data:`AGE_CAP_MS`.
+* :class:`Governor` turns three signals (ready-set depth, the EWMA of
+  scheduling latency, the busy share of the blocking pools) into `pressure`
+  in [0, 1] every :data:`GOVERNOR_PERIOD_MS` and derives the ladder from it:
+  the coalescing window, the group-commit window, deferral of the lowest band
+  (with hysteresis) and whether a write may be refused with `429`.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+__all__ = [
+    "AGE_CAP_MS",
+    "AGE_RATE_PER_S",
+    "AGE_TICK_MS",
+    "BAND_FLOORS",
+    "BAND_NAMES",
+    "BAND_WEIGHTS",
+    "COALESCE_AT",
+    "COALESCE_MAX_MS",
+    "COMMIT_WINDOW_AT",
+    "COMMIT_WINDOW_MAX_MS",
+    "COMMIT_WINDOW_MIN_MS",
+    "DEFER_AT",
+    "DEFER_SAMPLES",
+    "DEPTH_FULL",
+    "GOVERNOR_PERIOD_MS",
+    "LATENCY_CEILING_MS",
+    "REJECT_AT",
+    "RESUME_AT",
+    "Governor",
+    "ReadySet",
+    "band_of",
+]
+
+K = TypeVar("K", bound=Hashable)
+
+#: Lowest effective priority of bands B4, B3, B2 and B1; below the last is B0.
+BAND_FLOORS = (750, 500, 250, 0)
+#: DWRR weights, indexed by band number (B0 .. B4): services per round.
+BAND_WEIGHTS = (1, 1, 2, 4, 8)
+BAND_NAMES = ("B0", "B1", "B2", "B3", "B4")
+#: Aging: a queued topic gains this much priority per second of waiting ...
+AGE_RATE_PER_S = 100
+#: ... for at most this long (so at most +1000).
+AGE_CAP_MS = 10_000
+#: How often queued topics are moved to the band their aged priority reached.
+AGE_TICK_MS = 50
+
+#: The governor samples its signals this often.
+GOVERNOR_PERIOD_MS = 100
+#: Scheduling latency (dirty to served) that counts as full pressure.
+LATENCY_CEILING_MS = 5.0
+#: Queued topics per worker that count as full pressure.
+DEPTH_FULL = 64
+#: Weight of the newest latency sample in the EWMA.
+LATENCY_EWMA_ALPHA = 0.2
+#: Above this pressure a topic's records are coalesced: it is served at most
+#: once per coalescing window, which grows from 0 to COALESCE_MAX_MS with pressure.
+COALESCE_AT = 0.2
+COALESCE_MAX_MS = 20.0
+#: Above this pressure the group-commit window widens from ..._MIN_MS to ..._MAX_MS.
+COMMIT_WINDOW_AT = 0.4
+COMMIT_WINDOW_MIN_MS = 0.5
+COMMIT_WINDOW_MAX_MS = 10.0
+#: Deferral starts after DEFER_SAMPLES samples in a row above DEFER_AT, and ends
+#: at the first sample below RESUME_AT.
+DEFER_AT = 0.8
+DEFER_SAMPLES = 3
+RESUME_AT = 0.6
+#: With the WAL ingest queue full, writes are refused at or above this pressure.
+REJECT_AT = 0.95
+
+
+def band_of(priority: float) -> int:
+    """The band number (0 = B0 .. 4 = B4) of an effective priority."""
+    for i, floor in enumerate(BAND_FLOORS):
+        if priority >= floor:
+            return 4 - i
+    return 0
+
+
+def age_boost(waited_ms: float) -> float:
+    """Priority a topic gains by waiting `waited_ms` (+100/s, at most +1000)."""
+    return AGE_RATE_PER_S * min(max(waited_ms, 0.0), AGE_CAP_MS) / 1000.0
+
+
+@dataclass(slots=True, eq=False)
+class _Entry(Generic[K]):
+    key: K
+    enqueued_ms: float
+    order: int
+    demoted: bool
+    band: int = 0
+
+
+class ReadySet(Generic[K]):
+    """Keys with delivery work, each at most once, drawn by banded DWRR.
+
+    `priority(key)` gives a key's effective priority (docs/API.md, "Topic
+    state": `effective_priority`) without aging; it is read when the key is
+    marked and again at every aging tick. A *demoted* key (router forwarding
+    while the lowest band is deferred) sits one band lower than its priority
+    says. While :attr:`defer_b0` is set, band B0 receives no credit: its keys
+    stay queued, in order, and are served once it is cleared.
+
+    Counters: `served` per band, `marked` (keys inserted), `coalesced` (marks
+    of a key already queued).
+    """
+
+    def __init__(self, priority: Callable[[K], float]) -> None:
+        self._priority = priority
+        self._entries: dict[K, _Entry[K]] = {}
+        self._heaps: list[list[tuple[float, int, _Entry[K]]]] = [[] for _ in BAND_WEIGHTS]
+        self._live = [0] * len(BAND_WEIGHTS)
+        self._credit = [0] * len(BAND_WEIGHTS)
+        self._order = 0
+        self.defer_b0 = False
+        self.served = [0] * len(BAND_WEIGHTS)
+        self.marked = 0
+        self.coalesced = 0
+        #: When the key :meth:`pop` returned last was queued (monotonic ms).
+        self.last_enqueued_ms = 0.0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(list(self._entries))
+
+    def depth(self) -> list[int]:
+        """Queued keys per band, indexed by band number (B0 .. B4)."""
+        return list(self._live)
+
+    def servable(self) -> bool:
+        """True when :meth:`pop` would return a key (B0 alone does not count while deferred)."""
+        live = self._live
+        return any(live[1:]) or (live[0] > 0 and not self.defer_b0)
+
+    def band(self, key: K) -> int | None:
+        """The band `key` is queued in, or None."""
+        e = self._entries.get(key)
+        return None if e is None else e.band
+
+    def enqueued_ms(self, key: K) -> float | None:
+        """When `key` was queued (monotonic ms), or None."""
+        e = self._entries.get(key)
+        return None if e is None else e.enqueued_ms
+
+    def mark(self, key: K, now_ms: float, *, demoted: bool = False) -> bool:
+        """Queue `key` unless it is queued already (then nothing changes: its
+        `enqueued_at` keeps aging). Returns True when it was inserted."""
+        if key in self._entries:
+            self.coalesced += 1
+            return False
+        self._order += 1
+        e = _Entry(key, now_ms, self._order, demoted)
+        e.band = self._band_for(e, now_ms)
+        self._entries[key] = e
+        self._push(e)
+        self.marked += 1
+        return True
+
+    def discard(self, key: K) -> None:
+        """Forget `key` (its topic is gone); a no-op when it is not queued."""
+        e = self._entries.pop(key, None)
+        if e is not None:
+            self._live[e.band] -= 1
+
+    def pop(self) -> K | None:
+        """The next key to serve (removed from the set), or None when no band with
+        keys may be served (empty, or only B0 while it is deferred).
+
+        Deficit round-robin with unit cost: a round gives each band with keys
+        its weight in credit; bands are served from B4 down while they have
+        credit, so per round B4 gets up to 8 services for each one of B0.
+        """
+        for _ in range(2):
+            for b in range(len(BAND_WEIGHTS) - 1, -1, -1):
+                if self._credit[b] > 0 and self._live[b] > 0:
+                    e = self._take(b)
+                    if e is not None:
+                        self._credit[b] -= 1
+                        self.served[b] += 1
+                        self.last_enqueued_ms = e.enqueued_ms
+                        return e.key
+            # A new round: credit for every band that has keys and may be served.
+            started = False
+            for b, w in enumerate(BAND_WEIGHTS):
+                ok = self._live[b] > 0 and not (b == 0 and self.defer_b0)
+                self._credit[b] = w if ok else 0
+                started = started or ok
+            if not started:
+                return None
+        return None  # pragma: no cover - a started round always serves
+
+    def age(self, now_ms: float) -> int:
+        """The aging tick: move every key whose aged priority reached another band.
+
+        A key keeps its `enqueued_at`, so it lands in its new band's FIFO by
+        how long it has waited. Returns how many keys moved.
+        """
+        moved = 0
+        for e in list(self._entries.values()):
+            b = self._band_for(e, now_ms)
+            if b != e.band:
+                self._live[e.band] -= 1
+                e.band = b
+                self._push(e)
+                moved += 1
+        return moved
+
+    def _band_for(self, e: _Entry[K], now_ms: float) -> int:
+        b = band_of(self._priority(e.key) + age_boost(now_ms - e.enqueued_ms))
+        return max(b - 1, 0) if e.demoted else b
+
+    def _push(self, e: _Entry[K]) -> None:
+        heapq.heappush(self._heaps[e.band], (e.enqueued_ms, e.order, e))
+        self._live[e.band] += 1
+
+    def _take(self, b: int) -> _Entry[K] | None:
+        heap = self._heaps[b]
+        while heap:
+            _, _, e = heapq.heappop(heap)
+            # Heaps keep stale items of keys that moved, were served or discarded.
+            if e.band == b and self._entries.get(e.key) is e:
+                del self._entries[e.key]
+                self._live[b] -= 1
+                return e
+        self._live[b] = 0  # pragma: no cover - counts and heaps agree
+        return None  # pragma: no cover
+
+
+def _lerp(a: float, b: float, x: float) -> float:
+    return a + (b - a) * min(max(x, 0.0), 1.0)
+
+
+@dataclass(slots=True)
+class Governor:
+    """Pressure in [0, 1] from three signals, and the ladder it drives.
+
+    Call :meth:`observe` with each service's scheduling latency (ms from
+    marked to served) and :meth:`sample` every :data:`GOVERNOR_PERIOD_MS`.
+    The ladder (docs/SCHEDULER.md, "The ladder"): above :data:`COALESCE_AT`
+    a topic is served at most once per :attr:`coalesce_ms`; above
+    :data:`COMMIT_WINDOW_AT` the group-commit window is :attr:`commit_window_ms`;
+    after :data:`DEFER_SAMPLES` samples above :data:`DEFER_AT`, :attr:`deferring`
+    holds until a sample below :data:`RESUME_AT`; :meth:`refuse_write` is true
+    when the WAL ingest queue is full at :data:`REJECT_AT` or more.
+
+    `enabled=False` keeps pressure at 0: plain FIFO service, nothing deferred.
+    """
+
+    workers: int = 1
+    enabled: bool = True
+    pressure: float = 0.0
+    latency_ewma_ms: float = 0.0
+    deferring: bool = False
+    samples: int = 0
+    #: Parts of the last sample: depth, latency and pool terms.
+    terms: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    #: Samples that started or ended deferral.
+    deferrals: int = 0
+    _above: int = field(default=0, repr=False)
+
+    def observe(self, latency_ms: float) -> None:
+        """Fold one service's scheduling latency into the EWMA."""
+        a = LATENCY_EWMA_ALPHA
+        self.latency_ewma_ms += a * (latency_ms - self.latency_ewma_ms)
+
+    def sample(self, depth: int, pool_busy: float) -> float:
+        """Recompute pressure from the ready-set depth and the busy share of the
+        blocking pools (0..1); returns it. Call every GOVERNOR_PERIOD_MS."""
+        self.samples += 1
+        if not self.enabled:
+            self.pressure = 0.0
+            return 0.0
+        d = min(max(depth - self.workers, 0) / (DEPTH_FULL * self.workers), 1.0)
+        lat = min(self.latency_ewma_ms / LATENCY_CEILING_MS, 1.0)
+        pool = min(max(pool_busy, 0.0), 1.0)
+        self.terms = (d, lat, pool)
+        p = max(d, lat, pool)
+        self.pressure = p
+        if self.deferring:
+            if p < RESUME_AT:
+                self.deferring = False
+                self._above = 0
+                self.deferrals += 1
+        else:
+            self._above = self._above + 1 if p > DEFER_AT else 0
+            if self._above >= DEFER_SAMPLES:
+                self.deferring = True
+                self.deferrals += 1
+        return p
+
+    @property
+    def coalesce_ms(self) -> float:
+        """Least time between two services of one topic (0: serve at once)."""
+        p = self.pressure
+        if p <= COALESCE_AT:
+            return 0.0
+        return _lerp(0.0, COALESCE_MAX_MS, (p - COALESCE_AT) / (1.0 - COALESCE_AT))
+
+    @property
+    def commit_window_ms(self) -> float:
+        """How long the WAL writer gathers a batch before committing (0: not at all)."""
+        p = self.pressure
+        if p <= COMMIT_WINDOW_AT:
+            return 0.0
+        return _lerp(COMMIT_WINDOW_MIN_MS, COMMIT_WINDOW_MAX_MS, p)
+
+    def refuse_write(self, queue_full: bool) -> bool:
+        """True when a write should get `429 throttled` (the WAL ingest queue is
+        full and pressure is at REJECT_AT or more); the caller honours
+        `disable_backpressure` itself."""
+        return queue_full and self.enabled and self.pressure >= REJECT_AT
