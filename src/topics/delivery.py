@@ -102,7 +102,10 @@ class Delivery:
         self._turn_scheduled = False
         self._inline_used = False
         self._last_served: dict[Topic, float] = {}
-        self._held: dict[Topic, asyncio.TimerHandle] = {}
+        # Topics served less than a coalescing window ago, and when each may be
+        # served again (monotonic ms); one loop timer wakes :meth:`release_due`.
+        self._held: dict[Topic, float] = {}
+        self._release_timer: asyncio.TimerHandle | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._last_age = 0.0
         self._last_govern = 0.0
@@ -130,8 +133,9 @@ class Delivery:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        for h in self._held.values():
-            h.cancel()
+        if self._release_timer is not None:
+            self._release_timer.cancel()
+            self._release_timer = None
         held, self._held = list(self._held), {}
         self.engine.deliver = Topic.notify
         self.ready.defer_b0 = False
@@ -202,9 +206,7 @@ class Delivery:
         """`t` is gone: drop its queued work and its window."""
         self.ready.discard(t)
         self._last_served.pop(t, None)
-        h = self._held.pop(t, None)
-        if h is not None:
-            h.cancel()
+        self._held.pop(t, None)
 
     # ---------------------------------------------------------------- service
 
@@ -258,12 +260,13 @@ class Delivery:
             return
         window = self.governor.coalesce_ms
         last = self._last_served.get(t)
-        if window > 0 and last is not None and now - last < window and self._loop is not None:
+        if window > 0 and last is not None and now - last < window:
             # Coalescing: the topic was served less than a window ago; what it
             # publishes meanwhile goes out together when the window ends.
             self.held += 1
-            delay = (last + window - now) / 1000
-            self._held[t] = self._loop.call_later(delay, self._release, t)
+            due = last + window
+            self._held[t] = due
+            self._wake_at(due, now)
             return
         self._last_served[t] = now
         self._observe(waited)
@@ -272,12 +275,34 @@ class Delivery:
         except Exception:  # pragma: no cover - a listener's bug must not stop delivery
             log.exception("delivery to the listeners of %s failed", t.name)
 
-    def _release(self, t: Topic) -> None:
-        if self._held.pop(t, None) is None:
+    def _wake_at(self, due: float, now: float) -> None:
+        loop = self._loop
+        if loop is None:
             return
-        self._last_served.pop(t, None)  # the window is over
-        self.ready.mark(t, self._now())
-        self._drain_soon()
+        if self._release_timer is not None:
+            if self._release_timer.when() <= loop.time() + (due - now) / 1000:
+                return  # an earlier wake-up is armed; it re-arms for the rest
+            self._release_timer.cancel()
+        self._release_timer = loop.call_later(max(due - now, 0.0) / 1000, self._on_release)
+
+    def _on_release(self) -> None:
+        self._release_timer = None
+        self.release_due()
+
+    def release_due(self) -> int:
+        """Queue the held topics whose coalescing window is over (by the Clock);
+        returns how many. Re-arms the wake-up for the rest."""
+        now = self._now()
+        due = [t for t, at in self._held.items() if at <= now]
+        for t in due:
+            del self._held[t]
+            self._last_served.pop(t, None)  # the window is over
+            self.ready.mark(t, now)
+        if due:
+            self._drain_soon()
+        if self._held:
+            self._wake_at(min(self._held.values()), now)
+        return len(due)
 
     def _observe(self, waited: float) -> None:
         self.governor.observe(waited)
@@ -301,6 +326,8 @@ class Delivery:
     def tick(self) -> None:
         """The aging tick, and the governor's sample when its period is due."""
         now = self._now()
+        if self._held:
+            self.release_due()
         if now - self._last_age >= AGE_TICK_MS:
             self._last_age = now
             self.ready.age(now)

@@ -42,6 +42,7 @@ from topics.engine.core import Engine
 from topics.engine.queues import Queues
 from topics.engine.routers import RouterSet
 from topics.engine.watch import WatchRegistry
+from topics.errors import TopicsError
 
 if TYPE_CHECKING:
     from topics.engine.frames import FrameSource
@@ -58,6 +59,12 @@ log = logging.getLogger("topics")
 
 #: Seconds between two retries of the router sources that could not move.
 ROUTER_RETRY_S = 0.05
+#: Share of a WAL shard's ingest queue (TOPICS_* `queue_max`, 4096 entries) at
+#: which the governor may refuse writes; the whole queue is the hard bound that
+#: refuses every write (docs/SCHEDULER.md, "The ladder").
+QUEUE_FULL_SHARE = 0.5
+#: What a write refused under pressure is told to wait (ms).
+RETRY_AFTER_MS = 200
 
 
 def storage_config(cfg: ServerConfig) -> StorageConfig:
@@ -244,6 +251,34 @@ class Node:
                 await task
             except (asyncio.CancelledError, Exception):
                 pass
+
+    def check_backpressure(self, bypass: bool) -> None:
+        """Refuse a write while the server is saturated (docs/SCHEDULER.md, "The ladder").
+
+        Raises TopicsError `429 throttled` with `Retry-After` and `detail
+        {"retry_after_ms"}` when a WAL ingest queue is at least
+        :data:`QUEUE_FULL_SHARE` full and the governor's pressure is near 1;
+        never when `bypass` (the write's `disable_backpressure`), never in
+        memory mode. Changes nothing.
+        """
+        if bypass:
+            return
+        if self.delivery.refuse_write(self.wal_queue_full()):
+            raise TopicsError(
+                429,
+                "throttled",
+                "the server is saturated; retry later (or write with disable_backpressure)",
+                {"retry_after_ms": RETRY_AFTER_MS},
+                retry_after=max(1, -(-RETRY_AFTER_MS // 1000)),
+            )
+
+    def wal_queue_full(self) -> bool:
+        """True when a WAL shard's ingest queue holds :data:`QUEUE_FULL_SHARE` of its
+        bound or more (always False in memory mode)."""
+        wal = self.wal
+        if wal is None:
+            return False
+        return any(sh.queue_depth >= sh.queue_max * QUEUE_FULL_SHARE for sh in wal.shards)
 
     def _pool_busy(self) -> float:
         """The governor's pool signal: the busier of the read pool and the WAL ingest queues."""

@@ -139,6 +139,8 @@ class WriteRequest:
     config: Any
     has_config: bool
     layout: BatchLayout | None = None
+    #: The writer opted out of pressure throttling (docs/SCHEDULER.md, "The ladder").
+    disable_backpressure: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -461,8 +463,15 @@ class Engine:
         has_config = body.get("config") is not None
         if has_config and not isinstance(body["config"], dict):
             raise bad_request("config must be a JSON object")
-        boolean(body, "disable_backpressure", False)
-        return WriteRequest(records, key or None, create, body.get("config"), has_config)
+        bypass = boolean(body, "disable_backpressure", False)
+        return WriteRequest(
+            records,
+            key or None,
+            create,
+            body.get("config"),
+            has_config,
+            disable_backpressure=bypass,
+        )
 
     def prepare_write(
         self, name: str, req: WriteRequest, *, min_bytes: int = PREPARE_MIN_BYTES

@@ -164,6 +164,9 @@ class TopicsApp:
         self.inflight: dict[bytes, int] = {}
         self._fan: Fanout | None = None  # the serving loop's (set on first use)
         self.sse_total = 0
+        # SSE streams marked lagged (a slow reader): now, and since start.
+        self.sse_lagged = 0
+        self.sse_lagged_total = 0
         self.sse_per_key: dict[bytes, int] = {}
         # Open claim cohorts per queue topic (topics.http.queues).
         self.claim_cohorts: dict[str, Any] = {}

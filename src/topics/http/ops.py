@@ -195,7 +195,89 @@ def metrics_json(app: TopicsApp, principal: Principal | None = None) -> dict[str
     if wal is not None:
         out["wal"] = wal
     out["storage"] = storage_stats(app)
+    out["scheduler"] = scheduler_stats(app)
     return out
+
+
+def scheduler_stats(app: TopicsApp) -> dict[str, Any]:
+    """The delivery scheduler's figures plus the SSE lag counts (docs/SCHEDULER.md, "Watching it")."""
+    out = app.node.delivery.stats()
+    out["sse_lagged"] = app.sse_lagged
+    out["sse_lagged_total"] = app.sse_lagged_total
+    return out
+
+
+def _scheduler_lines(st: dict[str, Any]) -> list[str]:
+    """The scheduler series in Prometheus text form."""
+    lines: list[str] = []
+
+    def head(name: str, typ: str, help_: str) -> None:
+        lines.append(f"# HELP {name} {help_}")
+        lines.append(f"# TYPE {name} {typ}")
+
+    head("topics_scheduler_pressure", "gauge", "Governor pressure, 0 to 1.")
+    lines.append(f"topics_scheduler_pressure {st['pressure']}")
+    head("topics_scheduler_ready", "gauge", "Topics waiting for delivery, per band.")
+    lines += [f'topics_scheduler_ready{{band="{b}"}} {n}' for b, n in st["ready"].items()]
+    head("topics_scheduler_served_total", "counter", "Topics served from the ready set, per band.")
+    lines += [f'topics_scheduler_served_total{{band="{b}"}} {n}' for b, n in st["served"].items()]
+    head(
+        "topics_scheduler_latency_ms",
+        "histogram",
+        "Delivery scheduling latency (marked to served).",
+    )
+    total = 0
+    for bound, n in zip(st["latency_ms"]["buckets"], st["latency_ms"]["counts"], strict=False):
+        total += n
+        lines.append(f'topics_scheduler_latency_ms_bucket{{le="{bound}"}} {total}')
+    total += st["latency_ms"]["counts"][-1]
+    lines.append(f'topics_scheduler_latency_ms_bucket{{le="+Inf"}} {total}')
+    lines.append(f"topics_scheduler_latency_ms_sum {st['latency_ms']['sum']}")
+    lines.append(f"topics_scheduler_latency_ms_count {total}")
+    for key, name, typ, help_ in (
+        ("inline", "topics_scheduler_inline_total", "counter", "Publications served at once."),
+        (
+            "coalesced",
+            "topics_scheduler_coalesced_total",
+            "counter",
+            "Publications folded into a service.",
+        ),
+        (
+            "deferring",
+            "topics_scheduler_deferring",
+            "gauge",
+            "1 while band B0 and routers are deferred.",
+        ),
+        (
+            "deferrals",
+            "topics_scheduler_deferral_changes_total",
+            "counter",
+            "Deferral starts and ends.",
+        ),
+        ("commit_window_ms", "topics_scheduler_commit_window_ms", "gauge", "Group-commit window."),
+        (
+            "coalesce_window_ms",
+            "topics_scheduler_coalesce_window_ms",
+            "gauge",
+            "Coalescing window.",
+        ),
+        (
+            "rejected",
+            "topics_scheduler_throttled_total",
+            "counter",
+            "Writes refused with 429 under pressure.",
+        ),
+        ("sse_lagged", "topics_sse_lagged", "gauge", "SSE streams lagged behind a slow reader."),
+        (
+            "sse_lagged_total",
+            "topics_sse_lagged_total",
+            "counter",
+            "SSE streams ever marked lagged.",
+        ),
+    ):
+        head(name, typ, help_)
+        lines.append(f"{name} {int(st[key]) if isinstance(st[key], bool) else st[key]}")
+    return lines
 
 
 def storage_stats(app: TopicsApp) -> dict[str, Any]:
@@ -255,6 +337,7 @@ def render_prometheus(app: TopicsApp, principal: Principal | None = None) -> byt
     if g["scoped"]:
         return ("\n".join(lines) + "\n").encode()
     lines.extend(app.node.wal_prometheus_lines())
+    lines.extend(_scheduler_lines(scheduler_stats(app)))
     st = storage_stats(app)
     for key, name, typ, help_ in _STORAGE_SERIES:
         if key in st:

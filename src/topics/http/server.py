@@ -365,6 +365,14 @@ class DirectBody:
         """Write `body` (non-empty) as one chunk; :meth:`writable` said yes in this step."""
         self._cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
 
+    def pending(self) -> int:
+        """Bytes written but not yet taken by the kernel (the transport's buffer)."""
+        return int(self._cycle.transport.get_write_buffer_size())
+
+    def full(self) -> bool:
+        """True while the socket takes nothing more (the buffer is above its high water)."""
+        return bool(self._cycle.flow.write_paused)
+
 
 class Http1Protocol(HttpToolsProtocol):
     """uvicorn's httptools HTTP/1.1 protocol with the request-head guards of this module.
@@ -939,6 +947,14 @@ class DirectWs:
         for m in messages:
             conn.send_text(m)
         self._proto.transport.write(b"".join(conn.data_to_send()))
+
+    def pending(self) -> int:
+        """Bytes written but not yet taken by the kernel (the transport's buffer)."""
+        return int(self._proto.transport.get_write_buffer_size())
+
+    def full(self) -> bool:
+        """True while the socket takes nothing more (the buffer is above its high water)."""
+        return not self._proto.writable.is_set()
 
 
 def direct_writer(send: Any) -> DirectBody | DirectWs | None:

@@ -47,6 +47,13 @@ SSE_HEADERS = [
 ]
 HEARTBEAT = b": hb\n\n"
 FLUSH_BYTES = 65_536  # a catch-up pass is written out in pieces of about this size
+#: Frames a stream may have written that its socket has not taken yet before it
+#: is marked lagged (so is a stream whose socket buffer passed its high water
+#: mark): live delivery stops buffering for it, and once the socket drained the
+#: stream catches up from its cursor (docs/SCHEDULER.md, "Slow consumers").
+SSE_QUEUE_FRAMES = 1024
+#: How often a lagged stream looks whether its socket drained (s).
+LAG_CHECK_S = 0.01
 
 
 async def create_watch(ctx: Ctx) -> Resp:
@@ -135,6 +142,15 @@ async def _run(ctx: Ctx, session: WatchSession) -> None:
 
     def deliver(t: Topic) -> bool:
         """A publication on `t`, served from the fan-out (see the module doc)."""
+        if st.lagged:
+            return False  # the lag check wakes the stream once its socket drained
+        if direct is not None and not direct.pending():
+            st.unflushed = 0
+        elif direct is not None and (st.unflushed >= SSE_QUEUE_FRAMES or direct.full()):
+            # A slow reader: stop buffering for it; it catches up from its cursor.
+            lag(True)
+            loop.call_later(LAG_CHECK_S, check_lag)
+            return False
         d = ws.deliveries.get(t.name)
         if (
             not st.parked
@@ -158,15 +174,44 @@ async def _run(ctx: Ctx, session: WatchSession) -> None:
         if out:
             direct.write(b"".join(out) if len(out) > 1 else out[0])
             st.last_frame = loop.time()
+            st.unflushed += len(out)
         if not drained or d.deleted:
             st.wake()
         return bool(out)
 
+    def check_lag() -> None:
+        if not st.lagged:
+            return
+        if direct is not None and direct.pending() and not st.disconnected and not st.stopping:
+            loop.call_later(LAG_CHECK_S, check_lag)
+            return
+        lag(False)
+        st.wake()  # the next pass reads from the cursor: what it missed, or a tombstone
+
+    def lag(on: bool) -> None:
+        """Enter or leave lagged mode (counted in the app's SSE lag figures)."""
+        if on == st.lagged:
+            return
+        st.lagged = on
+        st.unflushed = 0
+        app.sse_lagged += 1 if on else -1
+        if on:
+            app.sse_lagged_total += 1
+
     async def body(data: bytes) -> None:
         if direct is not None and direct.writable():
             direct.write(data)
-        else:
+            return
+        # The socket is full: the task waits for it to drain, buffering nothing
+        # more; publications meanwhile only mark the stream to be woken.
+        lagging = direct is not None and direct.full()
+        if lagging:
+            lag(True)
+        try:
             await send({"type": "http.response.body", "body": data, "more_body": True})
+        finally:
+            if lagging:
+                lag(False)
 
     def on_heartbeat() -> None:
         left = heartbeat_s - (loop.time() - st.last_frame)
@@ -263,6 +308,7 @@ async def _run(ctx: Ctx, session: WatchSession) -> None:
     except OSError:
         pass  # the peer went away mid-write
     finally:
+        lag(False)
         if st.timer is not None:
             st.timer.cancel()
         for t in listening:
@@ -319,6 +365,8 @@ class _State:
         "heartbeat_due",
         "timer",
         "parked",
+        "unflushed",
+        "lagged",
     )
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -329,6 +377,10 @@ class _State:
         self.heartbeat_due = False
         self.timer: asyncio.TimerHandle | None = None
         self.parked = False  # the task waits on `waker` (not mid-pass, not mid-send)
+        # Frames written straight to the socket since its buffer was last empty,
+        # and whether the stream is lagged (see SSE_QUEUE_FRAMES).
+        self.unflushed = 0
+        self.lagged = False
 
     def wake(self) -> None:
         self.waker.set()
