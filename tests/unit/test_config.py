@@ -102,3 +102,10 @@ def test_parse_port_bounds() -> None:
     for bad in ("65536", "-1", "", "0x50", "4 000"):
         with pytest.raises(ConfigError, match="^--port: "):
             parse_port(bad, "--port")
+
+
+def test_scheduler_mode() -> None:
+    assert load_config({}).scheduler == "priority"
+    assert load_config({"TOPICS_SCHEDULER": " FIFO "}).scheduler == "fifo"
+    with pytest.raises(ConfigError, match="^TOPICS_SCHEDULER="):
+        load_config({"TOPICS_SCHEDULER": "lottery"})
