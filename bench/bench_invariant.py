@@ -37,11 +37,30 @@ more than 20%. This script measures it against a real ``python -m topics serve``
 ``--rounds R`` alternates A, B (, W) R times; each phase's samples are pooled over the
 rounds. The verdict: p99(B) / p99(A) <= 1.20 for both write ack and SSE delivery.
 
+Where the ack time goes: every write's response carries ``performance.server_total_ms``,
+the time spent inside the server's handler. The writer keeps it next to the ack it saw,
+so each phase also reports the handler's share and the rest (ack minus handler, per
+write: the network stack, the event loops of both sides, and waiting for a CPU). Both are
+information only; the verdict stays on the acks the client saw.
+
+``--peer redis``: the same A/B shape against a ``redis-server`` started by the script
+(127.0.0.1, a free port, a temp dir; ``--appendonly yes --save ""
+--auto-aof-rewrite-percentage 0``, ``--appendfsync always`` for ``--durability fsync``,
+``everysec`` otherwise), run after the topics phases. A stream ``history`` is filled with as
+many ``--record-bytes`` records as the topics history holds (pipelined XADD; with
+``--quick`` at most 200,000; ``--peer-records`` sets it). The writer does ``XADD live`` of
+the same ~64-byte record on the same schedule; the scanner process opens ``--scanners``
+connections, each looping ``XRANGE history (<last id> + COUNT <--limit>`` (replies parsed
+by hiredis) and wrapping at the end. No SSE side, and the Redis history is in memory: its
+scan is warm, ours is cold. A second table and ``peer_redis`` in the JSON hold the results;
+without ``redis-server`` (or hiredis) the peer is skipped with a message.
+
 Usage::
 
     .venv/bin/python bench/bench_invariant.py --quick            # smoke run, about 30 s
     .venv/bin/python bench/bench_invariant.py                    # 2 GB of history, 30 s phases
     .venv/bin/python bench/bench_invariant.py --data-dir /tmp/inv   # fill once, then reuse
+    .venv/bin/python bench/bench_invariant.py --quick --peer redis  # and the same vs Redis
 
 Prints a markdown table and one JSON line; writes everything to ``--json`` (default
 ``bench/results/invariant.json``). All processes share the machine's vCPUs (2 on the
@@ -60,6 +79,7 @@ import os
 import platform
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -81,17 +101,25 @@ from _client import (  # noqa: E402
     AsyncConn,
     CpuMeter,
     ServeProcess,
+    Spawned,
     SSEParser,
     SyncConn,
     build_request,
+    free_port,
     open_watch_streams,
     summarize,
 )
+
+try:
+    import hiredis
+except ImportError:  # --peer redis is skipped, with a message
+    hiredis = None
 
 THRESHOLD = 1.20
 HISTORY = "history"
 LIVE = "live"
 GB = 1_000_000_000
+PEER_QUICK_RECORDS = 200_000  # the most records --quick puts into the Redis history
 
 
 # -- page cache -----------------------------------------------------------------------
@@ -437,37 +465,38 @@ async def _scanner_main(
 
 
 # -- the live writer (this process) --------------------------------------------------------------
-class Live:
-    """One keep-alive connection writing one record at a time to `live` at a fixed rate."""
+def live_data(i: int) -> tuple[int, bytes]:
+    """Live record `i`: (now, monotonic ns; about 64 bytes of JSON carrying it and `i`)."""
+    t = time.monotonic_ns()
+    head = b'{"t":%d,"i":%d,"p":"' % (t, i)
+    return t, head + b"y" * max(0, 64 - len(head) - 2) + b'"}'
 
-    def __init__(self, srv: Server, rate: float) -> None:
-        self.srv = srv
-        self.conn = SyncConn(srv.host, srv.port)
+
+class ScheduledWriter:
+    """Writes one record at a time at a fixed rate; a subclass sends one (`write`)."""
+
+    def __init__(self, rate: float) -> None:
         self.interval = 1.0 / rate
-        self.prefix = (
-            f"POST /v0/topics/{LIVE} HTTP/1.1\r\nHost: {srv.host}:{srv.port}\r\n"
-            "Content-Type: application/json\r\n"
-        ).encode()
         self.next_i = 0
 
-    def write(self, i: int) -> tuple[int, int]:
-        t = time.monotonic_ns()
-        head = b'{"t":%d,"i":%d,"p":"' % (t, i)
-        data = head + b"y" * max(0, 64 - len(head) - 2) + b'"}'
-        body = b'{"records":[{"data":' + data + b"}]}"
-        self.conn.sock.sendall(self.prefix + b"Content-Length: %d\r\n\r\n" % len(body) + body)
-        st, b = self.conn.read_response()
-        return st, time.monotonic_ns() - t
+    def write(self, i: int) -> tuple[bool, int, int | None]:
+        """Send record `i` and wait for its answer: (ok, ack ns, the server's own ns of it,
+        when the answer says)."""
+        raise NotImplementedError
 
     def run(self, seconds: float, counted: bool = True) -> dict[str, Any]:
         """Write on a fixed schedule for `seconds` of wall time; indices and ack latencies.
 
         One request at a time: a write due while the previous one is still out goes
         as soon as that one is answered (`from_schedule` adds that slip to its ack).
+        Where the answer gives the server's handler time, `server` holds it and
+        `outside` the ack minus it, per write.
         """
         base = self.next_i if counted else -1_000_000 - self.next_i
         acks: list[int] = []
         late: list[int] = []  # schedule slip + ack: what a client on the schedule sees
+        server: list[int] = []
+        outside: list[int] = []
         errors = 0
         start = time.perf_counter()
         end = start + seconds
@@ -480,17 +509,55 @@ class Live:
             if delay > 0:
                 time.sleep(delay)
             slip = max(0.0, time.perf_counter() - due)
-            st, ns = self.write(base + k)
-            if st != 200:
+            ok, ns, server_ns = self.write(base + k)
+            if not ok:
                 errors += 1
             acks.append(ns)
             late.append(ns + int(slip * 1e9))
+            if server_ns is not None:
+                server.append(server_ns)
+                outside.append(ns - server_ns)
             k += 1
             if time.perf_counter() >= end:
                 break
         if counted:
             self.next_i += k
-        return {"i0": base, "i1": base + k, "acks": acks, "from_schedule": late, "errors": errors}
+        return {
+            "i0": base,
+            "i1": base + k,
+            "acks": acks,
+            "from_schedule": late,
+            "server": server,
+            "outside": outside,
+            "errors": errors,
+        }
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class Live(ScheduledWriter):
+    """One keep-alive connection writing one record at a time to `live` at a fixed rate."""
+
+    def __init__(self, srv: Server, rate: float) -> None:
+        super().__init__(rate)
+        self.srv = srv
+        self.conn = SyncConn(srv.host, srv.port)
+        self.prefix = (
+            f"POST /v0/topics/{LIVE} HTTP/1.1\r\nHost: {srv.host}:{srv.port}\r\n"
+            "Content-Type: application/json\r\n"
+        ).encode()
+
+    def write(self, i: int) -> tuple[bool, int, int | None]:
+        t, data = live_data(i)
+        body = b'{"records":[{"data":' + data + b"}]}"
+        self.conn.sock.sendall(self.prefix + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        st, b = self.conn.read_response()
+        ns = time.monotonic_ns() - t
+        if st != 200:
+            return False, ns, None
+        server_ms = (orjson.loads(b).get("performance") or {}).get("server_total_ms")
+        return True, ns, None if server_ms is None else round(server_ms * 1e6)
 
     def close(self) -> None:
         self.conn.close()
@@ -543,6 +610,202 @@ class Child:
             self.proc.wait()
 
 
+# -- the Redis peer (--peer redis) ----------------------------------------------------------------
+def resp(*args: bytes) -> bytes:
+    """One RESP command (an array of bulk strings)."""
+    return b"".join([b"*%d\r\n" % len(args), *(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)])
+
+
+class RespConn:
+    """A blocking Redis connection (TCP_NODELAY): `roundtrip(req, n)` sends `req` and returns
+    the next `n` replies, parsed by hiredis (an error reply is a `hiredis.ReplyError`)."""
+
+    def __init__(self, host: str, port: int, timeout: float | None = None) -> None:
+        self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.reader = hiredis.Reader()
+
+    def roundtrip(self, req: bytes, n: int = 1) -> list[Any]:
+        self.sock.sendall(req)
+        out: list[Any] = []
+        reader, recv = self.reader, self.sock.recv
+        while True:
+            while len(out) < n and (x := reader.gets()) is not False:
+                out.append(x)
+            if len(out) == n:
+                return out
+            data = recv(1 << 20)
+            if not data:
+                raise ConnectionError("redis closed the connection")
+            reader.feed(data)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class RespAsync(asyncio.Protocol):
+    """An asyncio Redis connection, one command in flight; counts the bytes received."""
+
+    def __init__(self) -> None:
+        self.transport: Any = None
+        self.reader = hiredis.Reader()
+        self.waiter: asyncio.Future[Any] | None = None
+        self.received = 0
+
+    @classmethod
+    async def open(cls, host: str, port: int) -> RespAsync:
+        _, proto = await asyncio.get_running_loop().create_connection(cls, host, port)
+        return proto
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        self.received += len(data)
+        self.reader.feed(data)
+        w = self.waiter
+        if w is not None and not w.done() and (x := self.reader.gets()) is not False:
+            self.waiter = None
+            w.set_result(x)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_exception(exc or ConnectionError("redis closed the connection"))
+
+    async def roundtrip(self, req: bytes) -> Any:
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.waiter = fut
+        self.transport.write(req)
+        return await fut
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+async def _redis_scanner_main(host: str, port: int, starts: list[bytes], limit: int) -> None:
+    """The Redis scanners (child process): one connection per start id, each looping
+    `XRANGE history <cursor> + COUNT limit` from START to STOP, wrapping at the end."""
+    loop = asyncio.get_running_loop()
+    cursors = list(starts)  # "-" or an id (inclusive) at first, then "(" + last id
+    count = b"%d" % limit
+    commands = _stdin_lines(loop)
+    clock = time.perf_counter_ns
+    pool = [await RespAsync.open(host, port) for _ in starts]
+    _say("READY")
+
+    async def cycle() -> dict[str, Any]:
+        running = True
+        stats = {"requests": 0, "records": 0, "bytes": 0, "wraps": 0, "errors": 0}
+        lat: list[int] = []
+
+        async def scan(k: int, c: RespAsync) -> None:
+            while running:
+                got = c.received
+                t0 = clock()
+                rep = await c.roundtrip(
+                    resp(b"XRANGE", HISTORY.encode(), cursors[k], b"+", b"COUNT", count)
+                )
+                dt = clock() - t0
+                if isinstance(rep, hiredis.ReplyError):
+                    stats["errors"] += 1
+                    if stats["errors"] > 100:
+                        raise RuntimeError(f"XRANGE: {rep}")
+                    continue
+                stats["requests"] += 1
+                stats["records"] += len(rep)
+                stats["bytes"] += c.received - got
+                lat.append(dt)
+                if len(rep) < limit:
+                    stats["wraps"] += 1
+                    cursors[k] = b"-"
+                else:
+                    cursors[k] = b"(" + rep[-1][0]
+
+        t_start = time.perf_counter()
+        tasks = [asyncio.create_task(scan(k, c)) for k, c in enumerate(pool)]
+        _say("STARTED")
+        while await commands.get() not in ("STOP", ""):
+            pass
+        running = False
+        wall = time.perf_counter() - t_start
+        await asyncio.gather(*tasks)
+        s = summarize(lat, 1e6)
+        return {
+            **stats,
+            "wall_s": round(wall, 3),
+            "records_per_s": round(stats["records"] / wall),
+            "mb_per_s": round(stats["bytes"] / wall / 1e6, 1),
+            "req_p50_ms": s.get("p50"),
+            "req_p99_ms": s.get("p99"),
+            "req_max_ms": s.get("max"),
+        }
+
+    while (cmd := await commands.get()) not in ("EXIT", ""):
+        if cmd.startswith("START"):
+            _say(json.dumps(await cycle()))
+    for c in pool:
+        c.close()
+
+
+class RedisLive(ScheduledWriter):
+    """One Redis connection doing `XADD live * d <record>` one at a time at a fixed rate."""
+
+    def __init__(self, host: str, port: int, rate: float) -> None:
+        super().__init__(rate)
+        self.conn = RespConn(host, port)
+
+    def write(self, i: int) -> tuple[bool, int, int | None]:
+        t, data = live_data(i)
+        (rep,) = self.conn.roundtrip(resp(b"XADD", LIVE.encode(), b"*", b"d", data))
+        return not isinstance(rep, hiredis.ReplyError), time.monotonic_ns() - t, None
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class RedisServer(Spawned):
+    """`redis-server` on 127.0.0.1 and a free port over `work`, AOF on, no RDB, no AOF
+    rewrites; returns once it answers PING. Stopped by its PID (:meth:`Spawned.stop`)."""
+
+    def __init__(self, work: Path, appendfsync: str) -> None:
+        self.host, self.port = "127.0.0.1", free_port()
+        work.mkdir(parents=True, exist_ok=True)
+        log_path = work / "redis.log"
+        argv = [
+            "redis-server",
+            "--bind", self.host,
+            "--port", str(self.port),
+            "--dir", str(work),
+            "--daemonize", "no",
+            "--appendonly", "yes",
+            "--appendfsync", appendfsync,
+            "--save", "",
+            "--auto-aof-rewrite-percentage", "0",
+        ]  # fmt: skip
+        super().__init__(argv, log_path, cwd=work)
+        deadline = time.monotonic() + 30
+        while not self._answers():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop(signal.SIGKILL, 10)
+                tail = log_path.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"redis-server did not start:\n{tail}")
+            time.sleep(0.01)
+
+    def _answers(self) -> bool:
+        with contextlib.suppress(OSError):
+            c = RespConn(self.host, self.port, timeout=2)
+            try:
+                return bool(c.roundtrip(resp(b"PING"))[0] == b"PONG")
+            finally:
+                c.close()
+        return False
+
+
 # -- orchestration -------------------------------------------------------------------------------
 def ms(values: list[int]) -> dict[str, float]:
     """Nanosecond samples as milliseconds (µs resolution)."""
@@ -554,6 +817,22 @@ def ratio(b: float | None, a: float | None) -> float | None:
     if not a or b is None:
         return None
     return round(b / a, 3)
+
+
+def pool_scans(scans: list[dict[str, Any]]) -> dict[str, Any]:
+    """The scanner figures of several rounds, pooled (rates over the summed wall time)."""
+    wall = sum(s["wall_s"] for s in scans)
+    records = sum(s["records"] for s in scans)
+    nbytes = sum(s["bytes"] for s in scans)
+    return {
+        "records": records,
+        "bytes": nbytes,
+        "records_per_s": round(records / wall) if wall else 0,
+        "mb_per_s": round(nbytes / wall / 1e6, 1) if wall else 0,
+        "wraps": sum(s["wraps"] for s in scans),
+        "errors": sum(s["errors"] for s in scans),
+        "rounds": scans,
+    }
 
 
 def environment() -> dict[str, Any]:
@@ -722,22 +1001,14 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "write_errors": sum(p["errors"] for p in rounds),
             "write_ack_ms": ms(acks),
             "write_ack_from_schedule_ms": ms(sched),
+            "server_ms": ms([ns for p in rounds for ns in p["server"]]),
+            "outside_ms": ms([ns for p in rounds for ns in p["outside"]]),
             "sse_deliveries": len(sse),
             "sse_ms": ms(sse),
             "cpu": [p["cpu"] for p in rounds],
         }
         if name != "A":
-            scans = [p["scan"] for p in rounds]
-            wall = sum(s["wall_s"] for s in scans)
-            entry["scan"] = {
-                "records": sum(s["records"] for s in scans),
-                "bytes": sum(s["bytes"] for s in scans),
-                "records_per_s": round(sum(s["records"] for s in scans) / wall) if wall else 0,
-                "mb_per_s": round(sum(s["bytes"] for s in scans) / wall / 1e6, 1) if wall else 0,
-                "wraps": sum(s["wraps"] for s in scans),
-                "errors": sum(s["errors"] for s in scans),
-                "rounds": scans,
-            }
+            entry["scan"] = pool_scans([p["scan"] for p in rounds])
             entry["resident_after"] = [p.get("resident_after") for p in rounds]
             if name == "B":
                 entry["evict"] = [p["evict"] for p in rounds]
@@ -749,6 +1020,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     report["ratios"] = {
         "write_ack_p99": ratio(b["write_ack_ms"].get("p99"), a["write_ack_ms"].get("p99")),
         "sse_p99": ratio(b["sse_ms"].get("p99"), a["sse_ms"].get("p99")),
+        "server_p99": ratio(b["server_ms"].get("p99"), a["server_ms"].get("p99")),
+        "outside_p99": ratio(b["outside_ms"].get("p99"), a["outside_ms"].get("p99")),
     }
     if "W" in out_phases:
         w = out_phases["W"]
@@ -764,6 +1037,145 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     report["eviction_method"] = "posix_fadvise(DONTNEED)" + (
         " + drop_caches" if report["evict_initial"]["drop_caches"] else ""
     )
+    return report
+
+
+def redis_missing() -> str | None:
+    """Why --peer redis cannot run here, or None."""
+    if shutil.which("redis-server") is None:
+        return "redis-server not found on PATH"
+    if hiredis is None:
+        return "the hiredis module is not installed"
+    return None
+
+
+def _redis_fill(
+    conn: RespConn, records: int, record_bytes: int, starts_at: list[int]
+) -> tuple[dict[str, Any], dict[int, bytes]]:
+    """`records` XADDs of `record_bytes` to the history, 1000 per pipeline; the fill's
+    figures and the ids of the records at `starts_at` (indices)."""
+    batch = 1000
+    cmd = resp(b"XADD", HISTORY.encode(), b"*", b"d", b"h" * record_bytes)
+    want = set(starts_at)
+    ids: dict[int, bytes] = {}
+    t0 = last = time.perf_counter()
+    done = 0
+    while done < records:
+        n = min(batch, records - done)
+        replies = conn.roundtrip(cmd * n, n)
+        if any(isinstance(r, hiredis.ReplyError) for r in replies):
+            raise RuntimeError(
+                f"XADD history: {next(r for r in replies if not isinstance(r, bytes))}"
+            )
+        for j in want.intersection(range(done, done + n)):
+            ids[j] = replies[j - done]
+        done += n
+        now = time.perf_counter()
+        if now - last > 5:
+            last = now
+            log(f"  redis fill: {done:,} / {records:,} records")
+    wall = time.perf_counter() - t0
+    return {
+        "records": records,
+        "wall_s": round(wall, 2),
+        "records_per_s": round(records / wall),
+        "mb_per_s": round(records * record_bytes / wall / 1e6, 1),
+    }, ids
+
+
+def run_redis_peer(args: argparse.Namespace, work: Path, records: int) -> dict[str, Any]:
+    """Phases A and B against redis-server: XADD at --rate, with and without the scanners."""
+    fsync = "always" if args.durability == "fsync" else "everysec"
+    version = ""
+    with contextlib.suppress(Exception):
+        version = subprocess.run(
+            ["redis-server", "--version"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+    report: dict[str, Any] = {
+        "version": version,
+        "appendfsync": fsync,
+        "history_records": records,
+        "record_bytes": args.record_bytes,
+        "history_in_memory": True,  # warm, while the topics history is cold
+        "sse": "not measured",
+    }
+    rdir = work / "redis"
+    log(f"redis peer: redis-server --appendfsync {fsync}, {records:,} history records ...")
+    srv = RedisServer(rdir, fsync)
+    report["pid"] = srv.pid
+    scanner: Child | None = None
+    live: RedisLive | None = None
+    phases: list[dict[str, Any]] = []
+    try:
+        conn = RespConn(srv.host, srv.port)
+        starts_at = [k * records // args.scanners for k in range(args.scanners)]
+        try:
+            report["fill"], ids = _redis_fill(conn, records, args.record_bytes, starts_at)
+        finally:
+            conn.close()
+        log(f"  {report['fill']}")
+        starts = ["-" if k == 0 else ids[k].decode() for k in starts_at]
+        scanner = Child(
+            [
+                "--_role",
+                "redis-scanner",
+                "--_url",
+                f"{srv.host}:{srv.port}",
+                "--_starts=" + ",".join(starts),  # one "=" argument: the first is "-"
+                "--limit",
+                str(args.limit),
+            ]
+        )
+        live = RedisLive(srv.host, srv.port, args.rate)
+        live.run(args.warmup, counted=False)
+        for rnd in range(1, args.rounds + 1):
+            for name in ("A", "B"):
+                ph: dict[str, Any] = {"phase": name, "round": rnd}
+                if name == "B":
+                    scanner.send("START")
+                    scanner.expect("STARTED")
+                log(f"redis round {rnd}: phase {name} ({args.seconds} s) ...")
+                meter = CpuMeter([srv.pid], [scanner.pid]).start()
+                ph.update(live.run(args.seconds))
+                ph["cpu"] = meter.stop()
+                if name == "B":
+                    scanner.send("STOP")
+                    ph["scan"] = json.loads(scanner.readline())
+                    time.sleep(0.5)  # let the last scan replies drain
+                phases.append(ph)
+        scanner.finish("EXIT")
+        report["aof_bytes"] = sum(p.stat().st_size for p in rdir.rglob("*.aof*") if p.is_file())
+    finally:
+        if live is not None:
+            live.close()
+        if scanner is not None:
+            scanner.kill()
+        t0 = time.perf_counter()
+        report["exit_code"] = srv.stop(signal.SIGTERM, 60)
+        report["server_stop_s"] = round(time.perf_counter() - t0, 2)
+
+    out_phases: dict[str, Any] = {}
+    for name in ("A", "B"):
+        rounds = [p for p in phases if p["phase"] == name]
+        entry: dict[str, Any] = {
+            "writes": sum(len(p["acks"]) for p in rounds),
+            "writes_due": round(len(rounds) * args.seconds * args.rate),
+            "write_errors": sum(p["errors"] for p in rounds),
+            "write_ack_ms": ms([ns for p in rounds for ns in p["acks"]]),
+            "write_ack_from_schedule_ms": ms([ns for p in rounds for ns in p["from_schedule"]]),
+            "cpu": [p["cpu"] for p in rounds],
+        }
+        if name == "B":
+            entry["scan"] = pool_scans([p["scan"] for p in rounds])
+        out_phases[name] = entry
+    report["phases"] = out_phases
+    a, b = out_phases["A"], out_phases["B"]
+    report["ratios"] = {
+        "write_ack_p99": ratio(b["write_ack_ms"].get("p99"), a["write_ack_ms"].get("p99")),
+        "write_ack_from_schedule_p99": ratio(
+            b["write_ack_from_schedule_ms"].get("p99"), a["write_ack_from_schedule_ms"].get("p99")
+        ),
+    }
     return report
 
 
@@ -798,6 +1210,14 @@ def table(report: dict[str, Any], args: argparse.Namespace) -> str:
         row(f"{title} p50 ms", lambda p, k=key: p[k].get("p50"), 3)
         row(f"**{title} p99 ms**", lambda p, k=key: p[k].get("p99"), 3, rat=True)
         row(f"{title} max ms", lambda p, k=key: p[k].get("max"), 3)
+        if key == "write_ack_ms":
+            row("write ack: server's handler p99 ms", lambda p: p["server_ms"].get("p99"), 3, True)
+            row(
+                "write ack: outside the handler p99 ms",
+                lambda p: p["outside_ms"].get("p99"),
+                3,
+                True,
+            )
     row(
         "write ack p99 from schedule ms",
         lambda p: p["write_ack_from_schedule_ms"].get("p99"),
@@ -842,6 +1262,10 @@ def table(report: dict[str, Any], args: argparse.Namespace) -> str:
         "due means the writer fell behind, and 'from schedule' adds that wait to the ack."
     )
     out.append(
+        "'server's handler' is the write's performance.server_total_ms; 'outside' is the ack "
+        "minus it, per write (network stack, both event loops, waiting for a CPU)."
+    )
+    out.append(
         f"Invariant p99(B)/p99(A) <= {THRESHOLD:.2f}: write ack {fmt(r['write_ack_p99'])}, "
         f"SSE {fmt(r['sse_p99'])}: **{report['verdict']}**"
     )
@@ -852,6 +1276,53 @@ def table(report: dict[str, Any], args: argparse.Namespace) -> str:
             "phase B: pages the server still has mapped are never evicted, so part of the "
             "scan was warm. Use a larger --history-bytes or a smaller --open-files."
         )
+    return "\n".join(out)
+
+
+def peer_table(peer: dict[str, Any], args: argparse.Namespace) -> str:
+    """The --peer redis table (or the line saying why it was skipped)."""
+    if "skipped" in peer:
+        return f"Redis peer skipped: {peer['skipped']}."
+    ph = peer["phases"]
+    a, b = ph["A"], ph["B"]
+    version = next((w[2:] for w in peer["version"].split() if w.startswith("v=")), "?")
+    out = [
+        f"### Redis peer, same shape (redis-server {version}, appendfsync "
+        f"{peer['appendfsync']}; {peer['history_records']:,} records of {peer['record_bytes']} B "
+        f"in stream {HISTORY}, in memory: a warm scan, ours is cold; {args.scanners} scanner(s) "
+        f"XRANGE COUNT {args.limit}; {args.rounds} x {args.seconds:g} s per phase, "
+        f"XADD {args.rate:g}/s)\n",
+        "| metric | A: baseline | B: scan | B/A |",
+        "|---|---|---|---|",
+    ]
+
+    def row(name: str, va: Any, vb: Any, digits: int = 3, rat: bool = False) -> None:
+        r = fmt(ratio(vb, va), 2) if rat else ""
+        out.append(f"| {name} | {fmt(va, digits)} | {fmt(vb, digits)} | {r} |")
+
+    for q in ("p50", "p99", "max"):
+        name = f"**write ack {q} ms**" if q == "p99" else f"write ack {q} ms"
+        row(name, a["write_ack_ms"].get(q), b["write_ack_ms"].get(q), rat=q == "p99")
+    key = "write_ack_from_schedule_ms"
+    row("write ack p99 from schedule ms", a[key].get("p99"), b[key].get("p99"), rat=True)
+    out.append(
+        f"| writes due / acked | {a['writes_due']:,} / {a['writes']:,} | "
+        f"{b['writes_due']:,} / {b['writes']:,} | |"
+    )
+    row("scan records/s", None, b["scan"]["records_per_s"], 0)
+    row("scan MB/s", None, b["scan"]["mb_per_s"], 1)
+    row("scan wraps", None, b["scan"]["wraps"], 0)
+    for k, title in (
+        ("server_cores", "server cores"),
+        ("client_cores", "bench cores"),
+        ("others_cores", "others' cores"),
+    ):
+        row(title, max(c[k] for c in a["cpu"]), max(c[k] for c in b["cpu"]), 2)
+    out.append("| SSE delivery | not measured for Redis | not measured for Redis | |")
+    out.append(
+        f"\nRedis fill: {peer['fill']['records']:,} records in {peer['fill']['wall_s']:g} s "
+        "(pipelined XADD). The scanners' replies are parsed by hiredis in their process."
+    )
     return "\n".join(out)
 
 
@@ -871,7 +1342,7 @@ def main() -> int:
         help="record data to fill the history with (default 2e9, quick 2e8)",
     )
     ap.add_argument("--record-bytes", type=int, default=1024, help="history record data size")
-    ap.add_argument("--scanners", type=int, default=2, help="concurrent scanners (1-4)")
+    ap.add_argument("--scanners", type=int, default=2, help="concurrent scanners (1-16)")
     ap.add_argument(
         "--durability",
         choices=["ephemeral", "memory", "disk", "fsync"],
@@ -893,22 +1364,39 @@ def main() -> int:
     )
     ap.add_argument("--no-drop-caches", action="store_true", help="never write drop_caches")
     ap.add_argument(
+        "--peer",
+        choices=["redis"],
+        help="then run phases A and B against redis-server (skipped when it is missing)",
+    )
+    ap.add_argument(
+        "--peer-records",
+        type=int,
+        help="records in the Redis history (default: as many as the topics history; "
+        f"quick: at most {PEER_QUICK_RECORDS:,})",
+    )
+    ap.add_argument(
         "--data-dir", help="data dir to fill, or reuse when filled, and keep (default: temp)"
     )
     ap.add_argument(
         "--json", type=Path, default=HERE / "results" / "invariant.json", help="output JSON path"
     )
-    ap.add_argument("--_role", choices=["watcher", "scanner"], help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--_role", choices=["watcher", "scanner", "redis-scanner"], help=argparse.SUPPRESS
+    )
     ap.add_argument("--_url", help=argparse.SUPPRESS)
     ap.add_argument("--_out", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--_head", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--_evict_dir", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--_starts", help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     if args._role:
         host, _, port = args._url.removeprefix("http://").rpartition(":")
         if args._role == "watcher":
             uvloop.run(_watcher_main(host, int(port), LIVE, args._out))
+        elif args._role == "redis-scanner":
+            starts = [x.encode() for x in args._starts.split(",")]
+            uvloop.run(_redis_scanner_main(host, int(port), starts, args.limit))
         else:
             files = segment_files(Path(), args._evict_dir)
             uvloop.run(
@@ -940,9 +1428,20 @@ def main() -> int:
         f"{args.history_bytes / GB:.2f} GB history, {args.scanners} scanner(s))",
         file=sys.stderr,
     )
+    peer_missing = redis_missing() if args.peer == "redis" else None
+    if peer_missing:
+        log(f"--peer redis will be skipped: {peer_missing}")
     work = Path(tempfile.mkdtemp(prefix="bench-invariant-"))
     try:
         report = run(args, work)
+        if args.peer == "redis":
+            if peer_missing:
+                report["peer_redis"] = {"skipped": peer_missing}
+            else:
+                records = args.peer_records or report["after_restart"]["history_head_seq"]
+                if args.quick and not args.peer_records:
+                    records = min(records, PEER_QUICK_RECORDS)
+                report["peer_redis"] = run_redis_peer(args, work, records)
     except BaseException:
         log_path = work / "server.log"
         if log_path.exists():
@@ -969,10 +1468,14 @@ def main() -> int:
             "evict_every",
             "checkpoint_ms",
             "open_files",
+            "peer",
         )
     }
     full = {"environment": env, "params": params, **report}
     print(table(report, args))
+    if "peer_redis" in report:
+        print()
+        print(peer_table(report["peer_redis"], args))
     summary = {
         "verdict": report["verdict"],
         "threshold": THRESHOLD,
@@ -984,13 +1487,29 @@ def main() -> int:
                 "max": report["phases"][name][key].get("max"),
             }
             for name in report["phases"]
-            for key in ("write_ack_ms", "sse_ms")
+            for key in ("write_ack_ms", "sse_ms", "server_ms", "outside_ms")
         },
         "scan_records_per_s": report["phases"]["B"]["scan"]["records_per_s"],
         "scan_mb_per_s": report["phases"]["B"]["scan"]["mb_per_s"],
         "eviction": report["eviction_method"],
         "git_rev": env["git_rev"][:12],
     }
+    peer = report.get("peer_redis")
+    if peer and "phases" in peer:
+        summary["peer_redis"] = {
+            "appendfsync": peer["appendfsync"],
+            "history_records": peer["history_records"],
+            "write_ack_p99_ratio": peer["ratios"]["write_ack_p99"],
+            **{
+                f"{name}_write_ack_ms": {
+                    q: peer["phases"][name]["write_ack_ms"].get(q) for q in ("p50", "p99", "max")
+                }
+                for name in ("A", "B")
+            },
+            "scan_records_per_s": peer["phases"]["B"]["scan"]["records_per_s"],
+        }
+    elif peer:
+        summary["peer_redis"] = peer
     print(json.dumps(summary))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(full, indent=2) + "\n")
