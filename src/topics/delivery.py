@@ -40,6 +40,7 @@ from topics.engine.scheduler import (
     GOVERNOR_PERIOD_MS,
     Governor,
     ReadySet,
+    band_of,
 )
 from topics.engine.topic import Topic
 
@@ -47,6 +48,8 @@ __all__ = ["Delivery", "LATENCY_BUCKETS_MS", "DRAIN_BUDGET_MS", "RouterWork"]
 
 log = logging.getLogger("topics.delivery")
 
+#: Publications of topics in this band are served inside the publication.
+TOP_BAND = 4
 #: Longest a drain runs before it gives the loop back (ms): sockets are read and
 #: commits land between two drains, so a long ready set never stalls the loop.
 DRAIN_BUDGET_MS = 2.0
@@ -107,6 +110,7 @@ class Delivery:
         self._held: dict[Topic, float] = {}
         self._release_timer: asyncio.TimerHandle | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_due = 0.0
         self._last_age = 0.0
         self._last_govern = 0.0
         self._window_s = 0.0
@@ -126,7 +130,7 @@ class Delivery:
         now = self._now()
         self._last_age = self._last_govern = now
         if not self.fifo:
-            self._timer = loop.call_later(AGE_TICK_MS / 1000, self._on_timer)
+            self._arm_timer(loop)
 
     def stop(self) -> None:
         """Serve what is queued, stop the timers and hand publications back to the engine."""
@@ -167,18 +171,20 @@ class Delivery:
             self.ready.coalesced += 1
             return
         now = self._now()
-        if (
-            not self._inline_used
-            and not self.ready
-            and self.governor.pressure <= COALESCE_AT
-            and self._loop is not None
-        ):
-            # Nothing waits and nothing presses: serve it inside the publication.
-            self._inline_used = True
-            self._turn_soon()
-            self.inline += 1
-            self._serve(t, now, 0.0)
-            return
+        if self._loop is not None:
+            if band_of(self._priority(t)) == TOP_BAND:
+                # The urgent band goes first anyway, and a queued service would
+                # wait for every callback the loop has ready (requests included).
+                self.inline += 1
+                self._serve(t, now, 0.0)
+                return
+            if not self._inline_used and not self.ready and self.governor.pressure <= COALESCE_AT:
+                # Nothing waits and nothing presses: serve it inside the publication.
+                self._inline_used = True
+                self._turn_soon()
+                self.inline += 1
+                self._serve(t, now, 0.0)
+                return
         self.ready.mark(t, now)
         self._drain_soon()
 
@@ -259,6 +265,8 @@ class Delivery:
             self._last_served.pop(t, None)
             return
         window = self.governor.coalesce_ms
+        if window > 0:
+            window = self.governor.coalesce_ms_for(band_of(self._priority(t)))
         last = self._last_served.get(t)
         if window > 0 and last is not None and now - last < window:
             # Coalescing: the topic was served less than a window ago; what it
@@ -316,12 +324,19 @@ class Delivery:
     # ---------------------------------------------------------- aging, governor
 
     def _on_timer(self) -> None:
-        if self._loop is None:
+        loop = self._loop
+        if loop is None:
             return
+        # How late this timer fired: the loop's lag, a pressure signal.
+        self.governor.observe_lag(self._now() - self._timer_due)
         try:
             self.tick()
         finally:
-            self._timer = self._loop.call_later(AGE_TICK_MS / 1000, self._on_timer)
+            self._arm_timer(loop)
+
+    def _arm_timer(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer_due = self._now() + AGE_TICK_MS
+        self._timer = loop.call_later(AGE_TICK_MS / 1000, self._on_timer)
 
     def tick(self) -> None:
         """The aging tick, and the governor's sample when its period is due."""
@@ -374,6 +389,7 @@ class Delivery:
                 "pool": round(g.terms[2], 4),
             },
             "latency_ewma_ms": round(g.latency_ewma_ms, 4),
+            "loop_lag_ms": round(g.loop_lag_ms, 4),
             "ready": {BAND_NAMES[b]: depth[b] for b in range(len(depth) - 1, -1, -1)},
             "served": {BAND_NAMES[b]: self.ready.served[b] for b in range(4, -1, -1)},
             "inline": self.inline,

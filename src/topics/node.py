@@ -41,6 +41,7 @@ from topics.delivery import Delivery
 from topics.engine.core import Engine
 from topics.engine.queues import Queues
 from topics.engine.routers import RouterSet
+from topics.engine.scheduler import LATENCY_CEILING_MS, band_of
 from topics.engine.watch import WatchRegistry
 from topics.errors import TopicsError
 
@@ -252,18 +253,25 @@ class Node:
             except (asyncio.CancelledError, Exception):
                 pass
 
-    def check_backpressure(self, bypass: bool) -> None:
-        """Refuse a write while the server is saturated (docs/SCHEDULER.md, "The ladder").
+    def check_backpressure(self, topic: str, bypass: bool) -> None:
+        """Refuse a write to `topic` while the server is saturated (docs/SCHEDULER.md,
+        "The ladder").
 
         Raises TopicsError `429 throttled` with `Retry-After` and `detail
-        {"retry_after_ms"}` when a WAL ingest queue is at least
-        :data:`QUEUE_FULL_SHARE` full and the governor's pressure is near 1;
-        never when `bypass` (the write's `disable_backpressure`), never in
-        memory mode. Changes nothing.
+        {"retry_after_ms"}` when the governor's pressure is near 1 and an ingest
+        queue is full: a WAL shard's queue at :data:`QUEUE_FULL_SHARE` of its
+        bound, or the event loop itself (its lag at the latency ceiling). Never
+        when `bypass` (the write's `disable_backpressure`), never for a topic of
+        the top band (B4). Changes nothing.
         """
         if bypass:
             return
-        if self.delivery.refuse_write(self.wal_queue_full()):
+        d = self.delivery
+        t = self.engine.topics.get(topic)
+        if t is not None and band_of(self.engine.effective_priority(t, self.clock.now_ms())) == 4:
+            return
+        full = self.wal_queue_full() or d.governor.loop_lag_ms >= LATENCY_CEILING_MS
+        if d.refuse_write(full):
             raise TopicsError(
                 429,
                 "throttled",

@@ -79,12 +79,13 @@ def test_queued_topics_are_served_by_band_not_by_arrival() -> None:
             r.topic(f"low{i}", -100)
         r.topic("mid", 300)
         r.topic("high", 900)
-        # One loop step publishes them all: the first is served inline, the rest queue.
+        # One loop step publishes them all: the first is served inline, the urgent
+        # band at once whatever waits, the rest queue.
         for i in range(6):
             r.write(f"low{i}")
         r.write("mid")
         r.write("high")
-        assert r.served == ["low0"]
+        assert r.served == ["low0", "high"]
         await turns()
         assert r.served[:3] == ["low0", "high", "mid"]
         assert sorted(r.served[3:]) == [f"low{i}" for i in range(1, 6)]
@@ -124,7 +125,7 @@ def test_fifo_serves_every_publication_at_once_and_never_presses() -> None:
 
 def test_coalescing_holds_a_topic_for_its_window_by_the_clock() -> None:
     async def body(r: Rig) -> None:
-        r.topic("t")
+        r.topic("t", -100)  # B0: the whole window
         r.govern(0.6)  # coalescing window: 20 ms * (0.6 - 0.2) / 0.8 = 10 ms
         assert abs(r.d.governor.coalesce_ms - 10.0) < 1e-9
         r.write("t", 1)
@@ -140,6 +141,26 @@ def test_coalescing_holds_a_topic_for_its_window_by_the_clock() -> None:
         assert r.d.release_due() == 1
         await turns()
         assert r.served == ["t", "t"]  # records 2 and 3 in one service
+
+    run(body)
+
+
+def test_the_urgent_band_is_never_coalesced_and_the_window_shrinks_by_band() -> None:
+    async def body(r: Rig) -> None:
+        r.topic("urgent", 900)
+        r.topic("mid", 300)
+        r.govern(1.0)
+        g = r.d.governor
+        assert [g.coalesce_ms_for(b) for b in range(5)] == [20.0, 15.0, 10.0, 5.0, 0.0]
+        for i in range(3):
+            r.write("urgent", i)
+            await turns()
+        assert r.served == ["urgent"] * 3
+        r.write("mid", 1)
+        await turns()
+        r.write("mid", 2)
+        await turns()
+        assert r.served.count("mid") == 1 and r.d.held == 1
 
     run(body)
 

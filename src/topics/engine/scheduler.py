@@ -274,6 +274,8 @@ class Governor:
     enabled: bool = True
     pressure: float = 0.0
     latency_ewma_ms: float = 0.0
+    #: EWMA of the event loop's lag: how late its timers fire (ms).
+    loop_lag_ms: float = 0.0
     deferring: bool = False
     samples: int = 0
     #: Parts of the last sample: depth, latency and pool terms.
@@ -287,6 +289,15 @@ class Governor:
         a = LATENCY_EWMA_ALPHA
         self.latency_ewma_ms += a * (latency_ms - self.latency_ewma_ms)
 
+    def observe_lag(self, lag_ms: float) -> None:
+        """Fold one reading of the loop's lag (how late a timer fired) into its EWMA.
+
+        On one event loop every piece of work, a request as much as a delivery,
+        waits for the callbacks ahead of it: a saturated loop shows here before
+        any topic waits in the ready set."""
+        a = LATENCY_EWMA_ALPHA
+        self.loop_lag_ms += a * (max(lag_ms, 0.0) - self.loop_lag_ms)
+
     def sample(self, depth: int, pool_busy: float) -> float:
         """Recompute pressure from the ready-set depth and the busy share of the
         blocking pools (0..1); returns it. Call every GOVERNOR_PERIOD_MS."""
@@ -295,7 +306,7 @@ class Governor:
             self.pressure = 0.0
             return 0.0
         d = min(max(depth - self.workers, 0) / (DEPTH_FULL * self.workers), 1.0)
-        lat = min(self.latency_ewma_ms / LATENCY_CEILING_MS, 1.0)
+        lat = min(max(self.latency_ewma_ms, self.loop_lag_ms) / LATENCY_CEILING_MS, 1.0)
         pool = min(max(pool_busy, 0.0), 1.0)
         self.terms = (d, lat, pool)
         p = max(d, lat, pool)
@@ -314,11 +325,18 @@ class Governor:
 
     @property
     def coalesce_ms(self) -> float:
-        """Least time between two services of one topic (0: serve at once)."""
+        """Least time between two services of one topic of band B0 (0: serve at once);
+        see :meth:`coalesce_ms_for` for the other bands."""
         p = self.pressure
         if p <= COALESCE_AT:
             return 0.0
         return _lerp(0.0, COALESCE_MAX_MS, (p - COALESCE_AT) / (1.0 - COALESCE_AT))
+
+    def coalesce_ms_for(self, band: int) -> float:
+        """The coalescing window of a topic in `band`: the full window in B0, a
+        quarter less per band above, none in B4 (the urgent band keeps a frame
+        per publication)."""
+        return self.coalesce_ms * (4 - min(max(band, 0), 4)) / 4
 
     @property
     def commit_window_ms(self) -> float:

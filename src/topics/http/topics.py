@@ -118,7 +118,7 @@ async def write(ctx: Ctx) -> Resp:
         check_config_names(ctx.principal, req.config)
     # A large batch's frames are laid out a piece per loop step; staging then
     # only seals them (docs/HTTP_INPUT.md "Large bodies").
-    ctx.app.node.check_backpressure(req.disable_backpressure)
+    ctx.app.node.check_backpressure(name, req.disable_backpressure)
     await drive(eng.prepare_write(name, req))
     t1 = time.perf_counter()
     res = eng.begin_write(name, req)

@@ -440,7 +440,7 @@ class Connection:
         eng = self.engine
         body = {k: v for k, v in cmd.items() if k not in ("op", "request_id", "return_seqs")}
         req = eng.parse_write(body, None)
-        self.app.node.check_backpressure(req.disable_backpressure)
+        self.app.node.check_backpressure(name, req.disable_backpressure)
         await drive(eng.prepare_write(name, req))
         t1 = time.perf_counter()
         res = eng.begin_write(name, req)
