@@ -78,7 +78,8 @@ class Delivery:
     none). `fifo` turns scheduling off (docs/SCHEDULER.md, "Turning it off").
 
     Counters: `inline` (publications served inside themselves), `drains`,
-    `held` (services put off by a coalescing window), `latency_counts`
+    `held` (services put off by a coalescing window), `paced` (writes the node
+    made wait under pressure), `latency_counts`
     (histogram over :data:`LATENCY_BUCKETS_MS`, last bucket: above), `rejected`
     (writes refused with 429 by :meth:`refuse_write`).
     """
@@ -118,6 +119,7 @@ class Delivery:
         self.drains = 0
         self.held = 0
         self.rejected = 0
+        self.paced = 0
         self.latency_counts = [0] * (len(LATENCY_BUCKETS_MS) + 1)
         self.latency_sum_ms = 0.0
 
@@ -390,6 +392,7 @@ class Delivery:
             },
             "latency_ewma_ms": round(g.latency_ewma_ms, 4),
             "loop_lag_ms": round(g.loop_lag_ms, 4),
+            "ingest_wait_ms": round(g.ingest_ms, 4),
             "ready": {BAND_NAMES[b]: depth[b] for b in range(len(depth) - 1, -1, -1)},
             "served": {BAND_NAMES[b]: self.ready.served[b] for b in range(4, -1, -1)},
             "inline": self.inline,
@@ -399,6 +402,7 @@ class Delivery:
             "commit_window_ms": round(self._window_s * 1000, 3),
             "coalesce_window_ms": round(g.coalesce_ms, 3),
             "rejected": self.rejected,
+            "paced": self.paced,
             "latency_ms": {
                 "buckets": list(LATENCY_BUCKETS_MS),
                 "counts": list(self.latency_counts),

@@ -276,6 +276,8 @@ class Governor:
     latency_ewma_ms: float = 0.0
     #: EWMA of the event loop's lag: how late its timers fire (ms).
     loop_lag_ms: float = 0.0
+    #: EWMA of how long requests wait for the loop once their bytes are read (ms).
+    ingest_ms: float = 0.0
     deferring: bool = False
     samples: int = 0
     #: Parts of the last sample: depth, latency and pool terms.
@@ -288,6 +290,16 @@ class Governor:
         """Fold one service's scheduling latency into the EWMA."""
         a = LATENCY_EWMA_ALPHA
         self.latency_ewma_ms += a * (latency_ms - self.latency_ewma_ms)
+
+    def observe_ingest(self, waited_ms: float) -> None:
+        """Fold one request's wait for the loop (read to handled) into its EWMA."""
+        a = LATENCY_EWMA_ALPHA
+        self.ingest_ms += a * (max(waited_ms, 0.0) - self.ingest_ms)
+
+    @property
+    def loop_behind_ms(self) -> float:
+        """How far behind the event loop runs: the larger of its lag and the requests' wait."""
+        return max(self.loop_lag_ms, self.ingest_ms)
 
     def observe_lag(self, lag_ms: float) -> None:
         """Fold one reading of the loop's lag (how late a timer fired) into its EWMA.
@@ -306,7 +318,7 @@ class Governor:
             self.pressure = 0.0
             return 0.0
         d = min(max(depth - self.workers, 0) / (DEPTH_FULL * self.workers), 1.0)
-        lat = min(max(self.latency_ewma_ms, self.loop_lag_ms) / LATENCY_CEILING_MS, 1.0)
+        lat = min(max(self.latency_ewma_ms, self.loop_behind_ms) / LATENCY_CEILING_MS, 1.0)
         pool = min(max(pool_busy, 0.0), 1.0)
         self.terms = (d, lat, pool)
         p = max(d, lat, pool)

@@ -40,6 +40,10 @@ from topics.node import Node
 
 __all__ = ["TopicsApp", "Ctx", "build_app", "drive"]
 
+#: Scope key where the HTTP/1.1 protocol puts when a request's first bytes were
+#: read (perf_counter seconds).
+RECEIVED_AT = "topics.received_at"
+
 log = logging.getLogger("topics.http")
 
 T = TypeVar("T")
@@ -322,6 +326,10 @@ class TopicsApp:
         canonical error envelope (a refused WebSocket upgrade, or a 1011 close
         once upgraded)."""
         t0 = time.perf_counter()
+        rx = scope.get(RECEIVED_AT)
+        if rx is not None:
+            # How long the request waited for the loop since its bytes were read.
+            self.node.delivery.governor.observe_ingest((t0 - rx) * 1000)
         is_ws = scope["type"] == "websocket"
         method = "GET" if is_ws else scope["method"]
         m = self.classify(method, scope["path"])

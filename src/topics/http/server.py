@@ -40,6 +40,7 @@ import contextvars
 import logging
 import re
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
@@ -63,6 +64,7 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from uvicorn.server import ServerState
 
 from topics.errors import TopicsError, bad_request
+from topics.http.app import RECEIVED_AT
 from topics.http.responses import error_resp
 
 __all__ = [
@@ -391,6 +393,7 @@ class Http1Protocol(HttpToolsProtocol):
         self.deadline: float | None = None
         self.refusal: TopicsError | None = None
         self.head_timer: asyncio.TimerHandle | None = None
+        self.received_at = 0.0  # perf_counter of the last read
         self.in_head = False  # between the first byte of a request and its last header
         self.in_body = False  # between a request's last header and the end of its body
         self.head_bytes = 0  # bytes received for the current head (from the next read on)
@@ -423,6 +426,7 @@ class Http1Protocol(HttpToolsProtocol):
         _release_slot(self.config, self.transport)
 
     def data_received(self, data: bytes) -> None:
+        self.received_at = time.perf_counter()
         self._unset_keepalive_if_required()
         timeout = self.guards.header_timeout
         if self.head_timer is None and timeout is not None and self._awaiting_head():
@@ -460,6 +464,9 @@ class Http1Protocol(HttpToolsProtocol):
     # -- parser callbacks ---------------------------------------------------------
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        # When the read that began this request arrived (perf_counter s): the app
+        # measures how long requests wait for the loop (docs/SCHEDULER.md, "Pressure").
+        self.scope[RECEIVED_AT] = self.received_at  # type: ignore[literal-required]
         self.in_head = True
         self.begun_in_feed = True
         self.head_bytes = self.header_bytes = self.header_count = 0

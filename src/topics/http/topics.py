@@ -118,7 +118,7 @@ async def write(ctx: Ctx) -> Resp:
         check_config_names(ctx.principal, req.config)
     # A large batch's frames are laid out a piece per loop step; staging then
     # only seals them (docs/HTTP_INPUT.md "Large bodies").
-    ctx.app.node.check_backpressure(name, req.disable_backpressure)
+    paced_ms = await ctx.app.node.admit_write(name, req.disable_backpressure)
     await drive(eng.prepare_write(name, req))
     t1 = time.perf_counter()
     res = eng.begin_write(name, req)
@@ -132,8 +132,8 @@ async def write(ctx: Ctx) -> Resp:
     body = eng.write_result(res, ctx.qbool("return_seqs", True))
     fsync_ms = res.fsync_ms if res.topic.config.durability == "fsync" else 0.0
     extra: dict[str, float] = {}
-    if res.throttle_ms:
-        extra["throttle_wait_ms"] = round(res.throttle_ms, 3)
+    if res.throttle_ms or paced_ms:
+        extra["throttle_wait_ms"] = round(res.throttle_ms + paced_ms, 3)
     return json_resp(
         201 if res.created else 200,
         body,

@@ -440,7 +440,7 @@ class Connection:
         eng = self.engine
         body = {k: v for k, v in cmd.items() if k not in ("op", "request_id", "return_seqs")}
         req = eng.parse_write(body, None)
-        self.app.node.check_backpressure(name, req.disable_backpressure)
+        paced_ms = await self.app.node.admit_write(name, req.disable_backpressure)
         await drive(eng.prepare_write(name, req))
         t1 = time.perf_counter()
         res = eng.begin_write(name, req)
@@ -457,8 +457,8 @@ class Connection:
             fsync = getattr(res, "fsync_ms", 0.0)
             fsync_ms = fsync if res.topic.config.durability == "fsync" else 0.0
             extra = {"wal_append_ms": round(wal_ms, 3), "fsync_ms": round(fsync_ms, 3)}
-            if res.throttle_ms:
-                extra["throttle_wait_ms"] = round(res.throttle_ms, 3)
+            if res.throttle_ms or paced_ms:
+                extra["throttle_wait_ms"] = round(res.throttle_ms + paced_ms, 3)
         seqs = out.get("seqs") if cmd.get("return_seqs") is not False else None
         return _msg(
             "ack",
