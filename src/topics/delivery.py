@@ -401,6 +401,7 @@ class Delivery:
             "deferrals": g.deferrals,
             "commit_window_ms": round(self._window_s * 1000, 3),
             "coalesce_window_ms": round(g.coalesce_ms, 3),
+            "pace": round(g.pace, 3),
             "rejected": self.rejected,
             "paced": self.paced,
             "latency_ms": {

@@ -41,7 +41,7 @@ from topics.delivery import Delivery
 from topics.engine.core import Engine
 from topics.engine.queues import Queues
 from topics.engine.routers import RouterSet
-from topics.engine.scheduler import COMMIT_WINDOW_AT, LATENCY_CEILING_MS, band_of
+from topics.engine.scheduler import LATENCY_CEILING_MS, band_of
 from topics.engine.watch import WatchRegistry
 from topics.errors import TopicsError
 
@@ -256,21 +256,20 @@ class Node:
     async def admit_write(self, topic: str, bypass: bool) -> float:
         """Admit a write to `topic` under the pressure ladder (docs/SCHEDULER.md, "The ladder").
 
-        Raises as :meth:`check_backpressure`. Above the commit-window step, a
-        write to a topic below the top band is paced: it waits its band's
-        coalescing window (at most 20 ms, B0) before it is staged, so the
-        loop's time goes to urgent work first. Returns the wait (ms, 0.0 when
+        Raises as :meth:`check_backpressure`. Once pressure passed the
+        commit-window step, a write to a topic below the top band is paced: it
+        waits :meth:`~topics.engine.scheduler.Governor.pace_ms_for` its band (at
+        most 20 ms, B0) before it is staged, so the loop's time goes to urgent
+        work first. Returns the wait (ms, 0.0 when
         none); nothing waits with `bypass` (`disable_backpressure`).
         """
         self.check_backpressure(topic, bypass)
-        if bypass:
-            return 0.0
         g = self.delivery.governor
-        if g.pressure <= COMMIT_WINDOW_AT:
+        if bypass or not g.pace:
             return 0.0
         t = self.engine.topics.get(topic)
         prio = self.engine.effective_priority(t, self.clock.now_ms()) if t is not None else 0
-        wait_ms = g.coalesce_ms_for(band_of(prio))
+        wait_ms = g.pace_ms_for(band_of(prio))
         if wait_ms > 0:
             self.delivery.paced += 1
             await asyncio.sleep(wait_ms / 1000)

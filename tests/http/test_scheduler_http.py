@@ -166,3 +166,18 @@ def test_a_stalled_reader_is_marked_lagged_and_catches_up_in_order() -> None:
             await handle.stop()
 
     asyncio.run(main())
+
+
+def test_paced_writes_wait_by_band_and_say_so() -> None:
+    h = Harness()
+    h.put("/v0/topics/low", {"priority": -100})
+    h.put("/v0/topics/urgent", {"priority": 900})
+    g = h.node.delivery.governor
+    g.pace = 0.25  # 5 ms for B0
+    r = h.post("/v0/topics/low", {"records": [{"data": 1}]})
+    assert r.status_code == 200 and r.json()["performance"]["throttle_wait_ms"] == 5.0
+    r = h.post("/v0/topics/urgent", {"records": [{"data": 1}]})
+    assert "throttle_wait_ms" not in r.json()["performance"]
+    r = h.post("/v0/topics/low", {"records": [{"data": 2}], "disable_backpressure": True})
+    assert "throttle_wait_ms" not in r.json()["performance"]
+    assert h.node.delivery.paced == 1

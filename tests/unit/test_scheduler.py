@@ -212,3 +212,20 @@ def test_a_disabled_governor_never_presses() -> None:
         g.observe(100.0)
         assert g.sample(1000, 1.0) == 0.0
     assert not g.deferring and not g.refuse_write(True) and g.coalesce_ms == 0.0
+
+
+def test_pacing_climbs_with_pressure_and_decays_slowly() -> None:
+    g = Governor()
+    g.sample(0, 0.5)
+    assert g.pace == 0.25
+    for _ in range(5):
+        g.sample(0, 0.9)
+    assert g.pace == 1.0
+    assert [g.pace_ms_for(b) for b in range(5)] == [20.0, 15.0, 10.0, 5.0, 0.0]
+    g.sample(0, 0.3)  # between the steps: held
+    assert g.pace == 1.0
+    g.sample(0, 0.1)
+    assert g.pace == pytest.approx(0.95)
+    for _ in range(30):
+        g.sample(0, 0.0)
+    assert g.pace == 0.0

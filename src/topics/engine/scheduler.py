@@ -42,6 +42,9 @@ __all__ = [
     "DEPTH_FULL",
     "GOVERNOR_PERIOD_MS",
     "LATENCY_CEILING_MS",
+    "PACE_DOWN",
+    "PACE_MAX_MS",
+    "PACE_UP",
     "REJECT_AT",
     "RESUME_AT",
     "Governor",
@@ -84,6 +87,10 @@ COMMIT_WINDOW_MAX_MS = 10.0
 DEFER_AT = 0.8
 DEFER_SAMPLES = 3
 RESUME_AT = 0.6
+#: Write pacing: the longest wait (B0, full pace), and the pace's steps per sample.
+PACE_MAX_MS = 20.0
+PACE_UP = 0.25
+PACE_DOWN = 0.05
 #: With the WAL ingest queue full, writes are refused at or above this pressure.
 REJECT_AT = 0.95
 
@@ -284,6 +291,10 @@ class Governor:
     terms: tuple[float, float, float] = (0.0, 0.0, 0.0)
     #: Samples that started or ended deferral.
     deferrals: int = 0
+    #: How hard writes below the top band are paced, 0..1: up by PACE_UP per
+    #: sample above COMMIT_WINDOW_AT, down by PACE_DOWN per sample at or below
+    #: COALESCE_AT (slow, so pacing that works does not switch itself off at once).
+    pace: float = 0.0
     _above: int = field(default=0, repr=False)
 
     def observe(self, latency_ms: float) -> None:
@@ -315,7 +326,7 @@ class Governor:
         blocking pools (0..1); returns it. Call every GOVERNOR_PERIOD_MS."""
         self.samples += 1
         if not self.enabled:
-            self.pressure = 0.0
+            self.pressure = self.pace = 0.0
             return 0.0
         d = min(max(depth - self.workers, 0) / (DEPTH_FULL * self.workers), 1.0)
         lat = min(max(self.latency_ewma_ms, self.loop_behind_ms) / LATENCY_CEILING_MS, 1.0)
@@ -323,6 +334,10 @@ class Governor:
         self.terms = (d, lat, pool)
         p = max(d, lat, pool)
         self.pressure = p
+        if p > COMMIT_WINDOW_AT:
+            self.pace = min(1.0, self.pace + PACE_UP)
+        elif p <= COALESCE_AT:
+            self.pace = max(0.0, self.pace - PACE_DOWN)
         if self.deferring:
             if p < RESUME_AT:
                 self.deferring = False
@@ -357,6 +372,11 @@ class Governor:
         if p <= COMMIT_WINDOW_AT:
             return 0.0
         return _lerp(COMMIT_WINDOW_MIN_MS, COMMIT_WINDOW_MAX_MS, p)
+
+    def pace_ms_for(self, band: int) -> float:
+        """How long a write to a topic of `band` waits before it is staged (ms):
+        up to PACE_MAX_MS in B0, a quarter less per band above, never in B4."""
+        return PACE_MAX_MS * self.pace * (4 - min(max(band, 0), 4)) / 4
 
     def refuse_write(self, queue_full: bool) -> bool:
         """True when a write should get `429 throttled` (the WAL ingest queue is
