@@ -37,6 +37,7 @@ __all__ = [
     "get_path",
     "open_watch_streams",
     "AsyncConn",
+    "RespConn",
     "SSEParser",
     "SyncConn",
     "CpuMeter",
@@ -45,6 +46,7 @@ __all__ = [
     "free_port",
     "parse_response",
     "percentile",
+    "resp",
     "proc_cpu_s",
     "proc_major_faults",
     "summarize",
@@ -255,6 +257,42 @@ class SSEParser:
             pos = end + 2
         del payload[:pos]
         return frames
+
+
+# -- Redis (RESP) clients for the peer comparisons -----------------------------------------
+def resp(*args: bytes) -> bytes:
+    """One RESP command (an array of bulk strings)."""
+    return b"".join([b"*%d\r\n" % len(args), *(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)])
+
+
+class RespConn:
+    """A blocking Redis connection (TCP_NODELAY): `roundtrip(req, n)` sends `req` and returns
+    the next `n` replies, parsed by hiredis (an error reply is a `hiredis.ReplyError`).
+    Needs the `hiredis` module (imported on first use)."""
+
+    def __init__(self, host: str, port: int, timeout: float | None = None) -> None:
+        import hiredis
+
+        self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.reader = hiredis.Reader()
+
+    def roundtrip(self, req: bytes, n: int = 1) -> list[Any]:
+        self.sock.sendall(req)
+        out: list[Any] = []
+        reader, recv = self.reader, self.sock.recv
+        while True:
+            while len(out) < n and (x := reader.gets()) is not False:
+                out.append(x)
+            if len(out) == n:
+                return out
+            data = recv(1 << 20)
+            if not data:
+                raise ConnectionError("redis closed the connection")
+            reader.feed(data)
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 # -- statistics ---------------------------------------------------------------------------

@@ -100,6 +100,7 @@ sys.path.insert(0, str(HERE))
 from _client import (  # noqa: E402
     AsyncConn,
     CpuMeter,
+    RespConn,
     ServeProcess,
     Spawned,
     SSEParser,
@@ -107,6 +108,7 @@ from _client import (  # noqa: E402
     build_request,
     free_port,
     open_watch_streams,
+    resp,
     summarize,
 )
 
@@ -611,38 +613,6 @@ class Child:
 
 
 # -- the Redis peer (--peer redis) ----------------------------------------------------------------
-def resp(*args: bytes) -> bytes:
-    """One RESP command (an array of bulk strings)."""
-    return b"".join([b"*%d\r\n" % len(args), *(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)])
-
-
-class RespConn:
-    """A blocking Redis connection (TCP_NODELAY): `roundtrip(req, n)` sends `req` and returns
-    the next `n` replies, parsed by hiredis (an error reply is a `hiredis.ReplyError`)."""
-
-    def __init__(self, host: str, port: int, timeout: float | None = None) -> None:
-        self.sock = socket.create_connection((host, port), timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.reader = hiredis.Reader()
-
-    def roundtrip(self, req: bytes, n: int = 1) -> list[Any]:
-        self.sock.sendall(req)
-        out: list[Any] = []
-        reader, recv = self.reader, self.sock.recv
-        while True:
-            while len(out) < n and (x := reader.gets()) is not False:
-                out.append(x)
-            if len(out) == n:
-                return out
-            data = recv(1 << 20)
-            if not data:
-                raise ConnectionError("redis closed the connection")
-            reader.feed(data)
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 class RespAsync(asyncio.Protocol):
     """An asyncio Redis connection, one command in flight; counts the bytes received."""
 

@@ -108,6 +108,7 @@ sys.path.insert(0, str(HERE))
 from _client import (  # noqa: E402
     AsyncConn,
     CpuMeter,
+    RespConn,
     ServeProcess,
     Spawned,
     SSEParser,
@@ -115,6 +116,7 @@ from _client import (  # noqa: E402
     build_request,
     free_port,
     open_watch_streams,
+    resp,
     summarize,
     wait_quiet,
 )
@@ -184,36 +186,6 @@ def nodelay(sock: socket.socket) -> socket.socket:
 
 
 # -- RESP (Redis) -------------------------------------------------------------------------------
-def resp(*args: bytes) -> bytes:
-    """One RESP command (an array of bulk strings)."""
-    return b"".join([b"*%d\r\n" % len(args), *(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)])
-
-
-class RespSync:
-    """A blocking Redis connection: `roundtrip(req, n)` sends and returns the next n replies."""
-
-    def __init__(self, port: int, timeout: float | None = None) -> None:
-        self.sock = nodelay(socket.create_connection((HOST, port), timeout=timeout))
-        self.reader = hiredis.Reader()
-
-    def roundtrip(self, req: bytes, n: int = 1) -> list[Any]:
-        self.sock.sendall(req)
-        out: list[Any] = []
-        reader, recv = self.reader, self.sock.recv
-        while True:
-            while len(out) < n and (x := reader.gets()) is not False:
-                out.append(x)
-            if len(out) == n:
-                return out
-            data = recv(1 << 20)
-            if not data:
-                raise ConnectionError("redis closed the connection")
-            reader.feed(data)
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 class _Pipelined(asyncio.Protocol):
     """An asyncio connection with one request (or pipeline) in flight: `roundtrip(req, n)`
     writes `req` and waits until `n` replies have arrived (subclasses collect them in
@@ -518,7 +490,7 @@ class RedisServer(PeerServer):
 
     def answers(self) -> bool:
         with contextlib.suppress(OSError):
-            c = RespSync(self.port, timeout=2)
+            c = RespConn(HOST, self.port, timeout=2)
             try:
                 return bool(c.roundtrip(resp(b"PING"))[0] == b"PONG")
             finally:
@@ -667,10 +639,10 @@ class RedisSide(Side):
     async def aop(self, conn: RespAsync, req: Req) -> str | None:
         return redis_errors(await conn.roundtrip(*req))
 
-    def sopen(self) -> RespSync:
-        return RespSync(self.srv.port)
+    def sopen(self) -> RespConn:
+        return RespConn(HOST, self.srv.port)
 
-    def sop(self, conn: RespSync, req: Req) -> str | None:
+    def sop(self, conn: RespConn, req: Req) -> str | None:
         return redis_errors(conn.roundtrip(*req))
 
     def stored(self, name: str) -> int:
@@ -697,7 +669,7 @@ class RedisSide(Side):
 
     def read_last(self, name: str, n: int) -> bool:
         try:
-            c = RespSync(self.srv.port, timeout=5)
+            c = RespConn(HOST, self.srv.port, timeout=5)
         except OSError:
             return False
         try:

@@ -136,6 +136,55 @@ def test_bench_invariant_smallest_run(tmp_path: Path) -> None:
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+def test_bench_overload_smallest_run(tmp_path: Path) -> None:
+    out = tmp_path / "overload.json"
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "bench_overload.py"),
+            "--cold-topics",
+            "4",
+            "--cold-conns",
+            "2",
+            "--hot-watchers",
+            "2",
+            "--seconds",
+            "1",
+            "--warmup",
+            "0.3",
+            "--settle",
+            "0.5",
+            "--rate",
+            "50",
+            "--stalled",
+            "2",
+            "--json",
+            str(out),
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert [(x["mode"], x["stalled"]) for x in report["runs"]] == [
+        ("priority", 0),
+        ("fifo", 0),
+        ("priority", 2),
+    ]
+    for run in report["runs"]:
+        assert run["hot_ms"]["n"] >= 2 * run["hot_acked"] > 0  # every watcher got every record
+        assert run["lost"] == 0 and run["disordered"] == 0
+        assert run["scheduler"]["mode"] == run["mode"]
+    assert set(report["ratios"]) == {
+        "hot_p99_fifo_over_priority",
+        "hot_p99_stalled_over_unstalled",
+    }
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_compare_revs_smallest_run(tmp_path: Path) -> None:
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("needs a git checkout")
