@@ -280,9 +280,10 @@ class Node:
         "The ladder").
 
         Raises TopicsError `429 throttled` with `Retry-After` and `detail
-        {"retry_after_ms"}` when the governor's pressure is near 1 and an ingest
-        queue is full: a WAL shard's queue at :data:`QUEUE_FULL_SHARE` of its
-        bound, or the event loop itself (its lag at the latency ceiling). Never
+        {"retry_after_ms"}` when the governor's pressure is near 1 (and has been
+        high long enough to defer) and an ingest queue is full: a WAL shard's
+        queue at :data:`QUEUE_FULL_SHARE` of its bound, or the event loop itself
+        (requests waiting for it as long as the latency ceiling). Never
         when `bypass` (the write's `disable_backpressure`), never for a topic of
         the top band (B4). Changes nothing.
         """
@@ -292,7 +293,7 @@ class Node:
         t = self.engine.topics.get(topic)
         if t is not None and band_of(self.engine.effective_priority(t, self.clock.now_ms())) == 4:
             return
-        full = self.wal_queue_full() or d.governor.loop_behind_ms >= LATENCY_CEILING_MS
+        full = self.wal_queue_full() or d.governor.ingest_ms >= LATENCY_CEILING_MS
         if d.refuse_write(full):
             raise TopicsError(
                 429,

@@ -19,7 +19,8 @@ from topics.node import RETRY_AFTER_MS, Node
 
 def saturate(h: Harness, full: bool = True) -> None:
     """Pressure at 1 and (as far as the node can tell) a full WAL ingest queue."""
-    h.node.delivery.governor.pressure = 1.0
+    for _ in range(3):
+        h.node.delivery.governor.sample(0, 1.0)  # sustained: deferring
     h.node.wal_queue_full = lambda: full  # type: ignore[method-assign]
 
 

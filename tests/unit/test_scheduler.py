@@ -202,8 +202,12 @@ def test_writes_are_refused_only_with_the_queue_full_and_pressure_high() -> None
     g.sample(0, 0.9)
     assert not g.refuse_write(queue_full=True)
     g.sample(0, 1.0)
-    assert g.refuse_write(queue_full=True)
+    assert not g.refuse_write(queue_full=True)  # a burst: not sustained yet
+    g.sample(0, 1.0)
+    assert g.deferring and g.refuse_write(queue_full=True)
     assert not g.refuse_write(queue_full=False)
+    g.sample(0, 0.9)
+    assert g.deferring and not g.refuse_write(queue_full=True)
 
 
 def test_a_disabled_governor_never_presses() -> None:

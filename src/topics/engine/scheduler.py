@@ -379,7 +379,7 @@ class Governor:
         return PACE_MAX_MS * self.pace * (4 - min(max(band, 0), 4)) / 4
 
     def refuse_write(self, queue_full: bool) -> bool:
-        """True when a write should get `429 throttled` (the WAL ingest queue is
-        full and pressure is at REJECT_AT or more); the caller honours
-        `disable_backpressure` itself."""
-        return queue_full and self.enabled and self.pressure >= REJECT_AT
+        """True when a write should get `429 throttled`: an ingest queue is full,
+        pressure is at REJECT_AT or more and has been high long enough to defer
+        (a burst never refuses writes). The caller honours `disable_backpressure`."""
+        return queue_full and self.enabled and self.deferring and self.pressure >= REJECT_AT
