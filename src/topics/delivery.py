@@ -21,7 +21,8 @@ served at once, in publication order, and the governor never presses.
 
 Times come from the node's :class:`~topics.clock.Clock` (monotonic, in ms):
 the loop's timers only decide when to look, so a test drives :meth:`tick`
-and :meth:`drain` with a manual clock.
+and :meth:`drain` with a manual clock. The one exception is the loop's lag,
+how late the tick's timer fires, which is read from the loop's own clock.
 """
 
 from __future__ import annotations
@@ -112,6 +113,8 @@ class Delivery:
         self._release_timer: asyncio.TimerHandle | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_due = 0.0
+        self._stopping = False
+        self._resumed_ms = 0.0  # when band B0 was last let go after a deferral
         self._last_age = 0.0
         self._last_govern = 0.0
         self._window_s = 0.0
@@ -145,9 +148,13 @@ class Delivery:
         held, self._held = list(self._held), {}
         self.engine.deliver = Topic.notify
         self.ready.defer_b0 = False
-        for t in held:
-            self.ready.mark(t, self._now())
-        self.drain(budget_ms=None)
+        self._stopping = True  # no coalescing window holds anything back now
+        try:
+            for t in held:
+                self.ready.mark(t, self._now())
+            self.drain(budget_ms=None)
+        finally:
+            self._stopping = False
         self._apply_window(0.0)
 
     def _now(self) -> float:
@@ -252,7 +259,10 @@ class Delivery:
             if key is None:
                 break
             served += 1
-            waited = now - self.ready.last_enqueued_ms
+            since = self.ready.last_enqueued_ms
+            if self.ready.last_band == 0:
+                since = max(since, self._resumed_ms)  # a deferred wait is not a backlog
+            waited = now - since
             if isinstance(key, RouterWork):
                 runs, key.runs = key.runs, []
                 for run in runs:
@@ -266,7 +276,7 @@ class Delivery:
         if not t.alive:
             self._last_served.pop(t, None)
             return
-        window = self.governor.coalesce_ms
+        window = 0.0 if self._stopping else self.governor.coalesce_ms
         if window > 0:
             window = self.governor.coalesce_ms_for(band_of(self._priority(t)))
         last = self._last_served.get(t)
@@ -330,15 +340,16 @@ class Delivery:
         if loop is None:
             return
         # How late this timer fired: the loop's lag, a pressure signal.
-        self.governor.observe_lag(self._now() - self._timer_due)
+        # Lag is the loop's own affair: measured by its clock, not the node's.
+        self.governor.observe_lag((loop.time() - self._timer_due) * 1000)
         try:
             self.tick()
         finally:
             self._arm_timer(loop)
 
     def _arm_timer(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._timer_due = self._now() + AGE_TICK_MS
-        self._timer = loop.call_later(AGE_TICK_MS / 1000, self._on_timer)
+        self._timer_due = loop.time() + AGE_TICK_MS / 1000
+        self._timer = loop.call_at(self._timer_due, self._on_timer)
 
     def tick(self) -> None:
         """The aging tick, and the governor's sample when its period is due."""
@@ -354,10 +365,11 @@ class Delivery:
 
     def govern(self) -> float:
         """Sample the governor and apply the ladder; returns the pressure."""
-        if not self.ready:
-            # Nothing waited during this period: latency decays toward zero.
-            self.governor.observe(0.0)
-        p = self.governor.sample(len(self.ready), self.pool_busy())
+        # Deferred B0 topics wait on purpose: they are not a backlog.
+        depth = len(self.ready) - (self.ready.depth()[0] if self.ready.defer_b0 else 0)
+        p = self.governor.sample(depth, self.pool_busy())
+        if self.ready.defer_b0 and not self.governor.deferring:
+            self._resumed_ms = self._now()
         self.ready.defer_b0 = self.governor.deferring
         if self.governor.coalesce_ms == 0.0:
             self._last_served.clear()  # only a coalescing window needs them

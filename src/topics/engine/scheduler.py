@@ -9,8 +9,9 @@ sleeping. The loop-side worker that uses both classes is
 * :class:`ReadySet` holds the topics with delivery work (watchers to wake,
   router forwarding to run), each at most once, in five priority bands drawn
   by deficit weighted round-robin, FIFO by `enqueued_at` within a band, with
-  aging so a topic at the bottom reaches the top band within
-  :data:`AGE_CAP_MS`.
+  aging: a waiting topic gains up to +1000 within :data:`AGE_CAP_MS`, so one
+  at priority 0 or above reaches the top band, and every band with topics
+  is served every round whatever its priority.
 * :class:`Governor` turns three signals (ready-set depth, the EWMA of
   scheduling latency, the busy share of the blocking pools) into `pressure`
   in [0, 1] every :data:`GOVERNOR_PERIOD_MS` and derives the ladder from it:
@@ -87,6 +88,8 @@ COMMIT_WINDOW_MAX_MS = 10.0
 DEFER_AT = 0.8
 DEFER_SAMPLES = 3
 RESUME_AT = 0.6
+#: What an average keeps per sample period in which it saw nothing.
+IDLE_DECAY = 0.5
 #: Write pacing: the longest wait (B0, full pace), and the pace's steps per sample.
 PACE_MAX_MS = 20.0
 PACE_UP = 0.25
@@ -142,8 +145,9 @@ class ReadySet(Generic[K]):
         self.served = [0] * len(BAND_WEIGHTS)
         self.marked = 0
         self.coalesced = 0
-        #: When the key :meth:`pop` returned last was queued (monotonic ms).
+        #: When the key :meth:`pop` returned last was queued (monotonic ms), and its band.
         self.last_enqueued_ms = 0.0
+        self.last_band = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -209,6 +213,7 @@ class ReadySet(Generic[K]):
                         self._credit[b] -= 1
                         self.served[b] += 1
                         self.last_enqueued_ms = e.enqueued_ms
+                        self.last_band = b
                         return e.key
             # A new round: credit for every band that has keys and may be served.
             started = False
@@ -296,16 +301,21 @@ class Governor:
     #: COALESCE_AT (slow, so pacing that works does not switch itself off at once).
     pace: float = 0.0
     _above: int = field(default=0, repr=False)
+    # Observations since the last sample: a signal that saw none decays toward 0.
+    _lat_seen: int = field(default=0, repr=False)
+    _ingest_seen: int = field(default=0, repr=False)
 
     def observe(self, latency_ms: float) -> None:
         """Fold one service's scheduling latency into the EWMA."""
         a = LATENCY_EWMA_ALPHA
         self.latency_ewma_ms += a * (latency_ms - self.latency_ewma_ms)
+        self._lat_seen += 1
 
     def observe_ingest(self, waited_ms: float) -> None:
         """Fold one request's wait for the loop (read to handled) into its EWMA."""
         a = LATENCY_EWMA_ALPHA
         self.ingest_ms += a * (max(waited_ms, 0.0) - self.ingest_ms)
+        self._ingest_seen += 1
 
     @property
     def loop_behind_ms(self) -> float:
@@ -325,6 +335,13 @@ class Governor:
         """Recompute pressure from the ready-set depth and the busy share of the
         blocking pools (0..1); returns it. Call every GOVERNOR_PERIOD_MS."""
         self.samples += 1
+        # Nothing served or nothing read in the period: nothing waited either,
+        # and the average halves (a spike is forgotten within a second).
+        if not self._lat_seen:
+            self.latency_ewma_ms *= IDLE_DECAY
+        if not self._ingest_seen:
+            self.ingest_ms *= IDLE_DECAY
+        self._lat_seen = self._ingest_seen = 0
         if not self.enabled:
             self.pressure = self.pace = 0.0
             return 0.0
