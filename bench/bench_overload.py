@@ -157,7 +157,7 @@ def _subscriber(
         ctl.close()
         return res
 
-    out.put(asyncio.run(main()))
+    Path(out).write_bytes(orjson.dumps(asyncio.run(main())))
 
 
 # -- cold writers (a process) -------------------------------------------------------------------
@@ -194,7 +194,7 @@ def _cold_writers(host: str, port: int, topics: int, conns: int, stop: Any, out:
         stats["seconds"] = time.perf_counter() - t0
         return stats
 
-    out.put(asyncio.run(main()))
+    Path(out).write_bytes(orjson.dumps(asyncio.run(main())))
 
 
 # -- one run -----------------------------------------------------------------------------------
@@ -240,8 +240,10 @@ def run_one(args: argparse.Namespace, mode: str, stalled: int, work: Path) -> di
             _json(srv, "PUT", f"/v0/topics/{cold_name(i)}", {"priority": COLD_PRIORITY})
         ctx = mp.get_context("spawn")
         go, stop_subs, stop_writers = ctx.Event(), ctx.Event(), ctx.Event()
-        q_subs: Any = ctx.Queue()
-        q_writers: Any = ctx.Queue()
+        # Results come back as files: a process with a thousand sockets may not
+        # be able to start the feeder thread a multiprocessing queue needs.
+        q_subs = work / f"subs-{mode}-{stalled}.json"
+        q_writers = work / f"writers-{mode}-{stalled}.json"
         subs = ctx.Process(
             target=_subscriber,
             args=(
@@ -260,7 +262,14 @@ def run_one(args: argparse.Namespace, mode: str, stalled: int, work: Path) -> di
             raise RuntimeError("the subscriber did not open its streams")
         writers = ctx.Process(
             target=_cold_writers,
-            args=(srv.host, srv.port, args.cold_topics, args.cold_conns, stop_writers, q_writers),
+            args=(
+                srv.host,
+                srv.port,
+                args.cold_topics,
+                args.cold_conns,
+                stop_writers,
+                str(q_writers),
+            ),
         )
         writers.start()
         time.sleep(args.warmup)
@@ -297,16 +306,16 @@ def run_one(args: argparse.Namespace, mode: str, stalled: int, work: Path) -> di
         cpu = meter.stop()
         sched = _metrics(srv)["scheduler"]
         stop_writers.set()
-        wstats = q_writers.get(timeout=120)
-        writers.join(30)
+        writers.join(120)
+        wstats = orjson.loads(q_writers.read_bytes())
         stopped = time.monotonic_ns()
         heads = {HOT: _json(srv, "GET", f"/v0/topics/{HOT}")["head_seq"]}
         for i in range(args.cold_topics):
             heads[cold_name(i)] = _json(srv, "GET", f"/v0/topics/{cold_name(i)}")["head_seq"]
         time.sleep(args.settle)
         stop_subs.set()
-        sres = q_subs.get(timeout=300)
-        subs.join(30)
+        subs.join(600)
+        sres = orjson.loads(q_subs.read_bytes())
     finally:
         srv.stop()
     hot.close()
