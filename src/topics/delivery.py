@@ -51,6 +51,8 @@ log = logging.getLogger("topics.delivery")
 
 #: Publications of topics in this band are served inside the publication.
 TOP_BAND = 4
+#: How long a publication of a higher band keeps lower-band writes paced (ms).
+URGENT_MEMORY_MS = 1000.0
 #: Longest a drain runs before it gives the loop back (ms): sockets are read and
 #: commits land between two drains, so a long ready set never stalls the loop.
 DRAIN_BUDGET_MS = 2.0
@@ -114,6 +116,8 @@ class Delivery:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_due = 0.0
         self._stopping = False
+        # When a topic of each band last published under pressure (monotonic ms).
+        self._band_seen = [-1e18] * 5
         self._resumed_ms = 0.0  # when band B0 was last let go after a deferral
         self._last_age = 0.0
         self._last_govern = 0.0
@@ -179,23 +183,38 @@ class Delivery:
         if t in self._held or t in self.ready:
             self.ready.coalesced += 1
             return
+        if self._loop is None:
+            self.ready.mark(t, self._now())
+            return
+        if not self._inline_used and not self.ready and self.governor.pressure <= COALESCE_AT:
+            # Nothing waits and nothing presses: serve it inside the publication
+            # (the first of a loop turn; a burst of them queues and goes by band).
+            self._inline_used = True
+            self._turn_soon()
+            self.inline += 1
+            self._serve(t, 0.0, 0.0)
+            return
         now = self._now()
-        if self._loop is not None:
-            if band_of(self._priority(t)) == TOP_BAND:
-                # The urgent band goes first anyway, and a queued service would
-                # wait for every callback the loop has ready (requests included).
-                self.inline += 1
-                self._serve(t, now, 0.0)
-                return
-            if not self._inline_used and not self.ready and self.governor.pressure <= COALESCE_AT:
-                # Nothing waits and nothing presses: serve it inside the publication.
-                self._inline_used = True
-                self._turn_soon()
-                self.inline += 1
-                self._serve(t, now, 0.0)
-                return
+        band = band_of(self._priority(t))
+        self.saw_band(band, now)
+        if band == TOP_BAND:
+            # The urgent band goes first anyway, and a queued service would
+            # wait for every callback the loop has ready (requests included).
+            self.inline += 1
+            self._serve(t, now, 0.0)
+            return
         self.ready.mark(t, now)
         self._drain_soon()
+
+    def saw_band(self, band: int, now_ms: float | None = None) -> None:
+        """Note that a topic of `band` published under pressure (now, by default)."""
+        self._band_seen[band] = self._now() if now_ms is None else now_ms
+
+    def urgent_above(self, band: int) -> bool:
+        """True when a topic of a band above `band` published under pressure within
+        the last second: only then is there anything to pace writes for."""
+        since = self._now() - URGENT_MEMORY_MS
+        return any(at >= since for at in self._band_seen[band + 1 :])
 
     def defer_routers(self, run: Callable[[], object]) -> bool:
         """Queue a forwarding pass one band below its sources while B0 is deferred.
@@ -279,16 +298,17 @@ class Delivery:
         window = 0.0 if self._stopping else self.governor.coalesce_ms
         if window > 0:
             window = self.governor.coalesce_ms_for(band_of(self._priority(t)))
-        last = self._last_served.get(t)
-        if window > 0 and last is not None and now - last < window:
-            # Coalescing: the topic was served less than a window ago; what it
-            # publishes meanwhile goes out together when the window ends.
-            self.held += 1
-            due = last + window
-            self._held[t] = due
-            self._wake_at(due, now)
-            return
-        self._last_served[t] = now
+            now = now or self._now()
+            last = self._last_served.get(t)
+            if last is not None and now - last < window:
+                # Coalescing: the topic was served less than a window ago; what it
+                # publishes meanwhile goes out together when the window ends.
+                self.held += 1
+                due = last + window
+                self._held[t] = due
+                self._wake_at(due, now)
+                return
+            self._last_served[t] = now
         self._observe(waited)
         try:
             t.notify()

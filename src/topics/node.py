@@ -253,6 +253,32 @@ class Node:
             except (asyncio.CancelledError, Exception):
                 pass
 
+    def write_pace(self, topic: str, bypass: bool) -> float:
+        """The ladder's word on a write to `topic` (docs/SCHEDULER.md, "The ladder"):
+        how long it must wait before it is staged (ms; 0.0 almost always).
+
+        Raises as :meth:`check_backpressure`. A write is paced only while the
+        governor's pace is up, its topic is below the top band and a topic of a
+        higher band published under pressure within the last second (pacing
+        protects urgent topics; alone, a flood of equals is not slowed). Never
+        with `bypass` (`disable_backpressure`).
+        """
+        d = self.delivery
+        g = d.governor
+        if bypass or (not g.pace and not g.deferring):
+            return 0.0
+        self.check_backpressure(topic, bypass)
+        if not g.pace:
+            return 0.0
+        t = self.engine.topics.get(topic)
+        band = band_of(self.engine.effective_priority(t, self.clock.now_ms()) if t else 0)
+        if not d.urgent_above(band):
+            return 0.0
+        wait_ms = g.pace_ms_for(band)
+        if wait_ms > 0:
+            d.paced += 1
+        return wait_ms
+
     async def admit_write(self, topic: str, bypass: bool) -> float:
         """Admit a write to `topic` under the pressure ladder (docs/SCHEDULER.md, "The ladder").
 
@@ -263,15 +289,8 @@ class Node:
         work first. Returns the wait (ms, 0.0 when
         none); nothing waits with `bypass` (`disable_backpressure`).
         """
-        self.check_backpressure(topic, bypass)
-        g = self.delivery.governor
-        if bypass or not g.pace:
-            return 0.0
-        t = self.engine.topics.get(topic)
-        prio = self.engine.effective_priority(t, self.clock.now_ms()) if t is not None else 0
-        wait_ms = g.pace_ms_for(band_of(prio))
+        wait_ms = self.write_pace(topic, bypass)
         if wait_ms > 0:
-            self.delivery.paced += 1
             await asyncio.sleep(wait_ms / 1000)
         return wait_ms
 
@@ -287,9 +306,9 @@ class Node:
         when `bypass` (the write's `disable_backpressure`), never for a topic of
         the top band (B4). Changes nothing.
         """
-        if bypass:
-            return
         d = self.delivery
+        if bypass or not d.governor.deferring:
+            return  # refusal needs sustained pressure: the common case ends here
         t = self.engine.topics.get(topic)
         if t is not None and band_of(self.engine.effective_priority(t, self.clock.now_ms())) == 4:
             return

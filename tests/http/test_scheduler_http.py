@@ -175,6 +175,9 @@ def test_paced_writes_wait_by_band_and_say_so() -> None:
     h.put("/v0/topics/urgent", {"priority": 900})
     g = h.node.delivery.governor
     g.pace = 0.25  # 5 ms for B0
+    r = h.post("/v0/topics/low", {"records": [{"data": 0}]})
+    assert "throttle_wait_ms" not in r.json()["performance"]  # nothing urgent to protect
+    h.node.delivery.saw_band(4)  # an urgent topic published under pressure
     r = h.post("/v0/topics/low", {"records": [{"data": 1}]})
     assert r.status_code == 200 and r.json()["performance"]["throttle_wait_ms"] == 5.0
     r = h.post("/v0/topics/urgent", {"records": [{"data": 1}]})

@@ -118,7 +118,9 @@ async def write(ctx: Ctx) -> Resp:
         check_config_names(ctx.principal, req.config)
     # A large batch's frames are laid out a piece per loop step; staging then
     # only seals them (docs/HTTP_INPUT.md "Large bodies").
-    paced_ms = await ctx.app.node.admit_write(name, req.disable_backpressure)
+    paced_ms = ctx.app.node.write_pace(name, req.disable_backpressure)
+    if paced_ms:
+        await asyncio.sleep(paced_ms / 1000)  # paced under pressure (docs/SCHEDULER.md)
     await drive(eng.prepare_write(name, req))
     t1 = time.perf_counter()
     res = eng.begin_write(name, req)
