@@ -286,7 +286,9 @@ class WalJournal:
             )
 
         try:
-            self._submit(self._shard(tid), WalEntry(data, frames, sync, done, more=more))
+            entry = WalEntry(data, frames, sync, done, more=more)
+            entry.gather = fsync  # a widened commit window saves fsync-class syncs only
+            self._submit(self._shard(tid), entry)
         except TopicsError:
             self.reserved[tid] = reserved_before
             raise

@@ -184,6 +184,9 @@ class WalEntry:
     # then waited for a widened commit window (ms; docs/SCHEDULER.md).
     queued_at: float = field(init=False, default=0.0)
     window_ms: float = field(init=False, default=0.0)
+    # The writer may hold a batch that starts with this entry for the commit
+    # window (fsync-class appends; never head reservations or control frames).
+    gather: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         self.size = len(self.data) + sum(len(b) for b in self.more)
@@ -964,7 +967,8 @@ class WalShard:
             batch: list[WalEntry] = []
             size = 0
             item: WalEntry | _Wake | None = first
-            window = self.commit_window_s
+            # A widened window only pays where a batch ends in a sync: fewer fsyncs.
+            window = self.commit_window_s if isinstance(first, WalEntry) and first.gather else 0.0
             start = self.clock.monotonic() if window > 0 else 0.0
             while True:
                 if item is None:
