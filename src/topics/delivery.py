@@ -33,16 +33,9 @@ from collections.abc import Callable
 from typing import Any
 
 from topics.clock import Clock
+from topics.engine import scheduler as sched
 from topics.engine.core import Engine
-from topics.engine.scheduler import (
-    AGE_TICK_MS,
-    BAND_NAMES,
-    COALESCE_AT,
-    GOVERNOR_PERIOD_MS,
-    Governor,
-    ReadySet,
-    band_of,
-)
+from topics.engine.scheduler import Governor, ReadySet, band_of
 from topics.engine.topic import Topic
 
 __all__ = ["Delivery", "LATENCY_BUCKETS_MS", "DRAIN_BUDGET_MS", "RouterWork"]
@@ -106,7 +99,6 @@ class Delivery:
         self.routers = RouterWork()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._scheduled = False
-        self._turn_scheduled = False
         self._inline_used = False
         self._last_served: dict[Topic, float] = {}
         # Topics served less than a coalescing window ago, and when each may be
@@ -186,11 +178,11 @@ class Delivery:
         if self._loop is None:
             self.ready.mark(t, self._now())
             return
-        if not self._inline_used and not self.ready and self.governor.pressure <= COALESCE_AT:
+        if not self._inline_used and not self.ready and self.governor.pressure <= sched.COALESCE_AT:
             # Nothing waits and nothing presses: serve it inside the publication
             # (the first of a loop turn; a burst of them queues and goes by band).
             self._inline_used = True
-            self._turn_soon()
+            self._drain_soon()  # its turn ends there
             self.inline += 1
             self._serve(t, 0.0, 0.0)
             return
@@ -244,22 +236,15 @@ class Delivery:
 
     # ---------------------------------------------------------------- service
 
-    def _turn_soon(self) -> None:
-        if not self._turn_scheduled and self._loop is not None:
-            self._turn_scheduled = True
-            self._loop.call_soon(self._turn)
-
-    def _turn(self) -> None:
-        self._turn_scheduled = False
-        self._inline_used = False
-
     def _drain_soon(self) -> None:
+        """Run :meth:`_drain_cb` on the loop's next turn (once, however often asked)."""
         if not self._scheduled and self._loop is not None:
             self._scheduled = True
             self._loop.call_soon(self._drain_cb)
 
     def _drain_cb(self) -> None:
-        self._scheduled = False
+        # A new loop turn: it may serve one publication inside itself again.
+        self._scheduled = self._inline_used = False
         self.drain()
         if self.ready.servable():
             self._drain_soon()
@@ -368,7 +353,7 @@ class Delivery:
             self._arm_timer(loop)
 
     def _arm_timer(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._timer_due = loop.time() + AGE_TICK_MS / 1000
+        self._timer_due = loop.time() + sched.AGE_TICK_MS / 1000
         self._timer = loop.call_at(self._timer_due, self._on_timer)
 
     def tick(self) -> None:
@@ -376,10 +361,10 @@ class Delivery:
         now = self._now()
         if self._held:
             self.release_due()
-        if now - self._last_age >= AGE_TICK_MS:
+        if now - self._last_age >= sched.AGE_TICK_MS:
             self._last_age = now
             self.ready.age(now)
-        if now - self._last_govern >= GOVERNOR_PERIOD_MS:
+        if now - self._last_govern >= sched.GOVERNOR_PERIOD_MS:
             self._last_govern = now
             self.govern()
 
@@ -425,8 +410,8 @@ class Delivery:
             "latency_ewma_ms": round(g.latency_ewma_ms, 4),
             "loop_lag_ms": round(g.loop_lag_ms, 4),
             "ingest_wait_ms": round(g.ingest_ms, 4),
-            "ready": {BAND_NAMES[b]: depth[b] for b in range(len(depth) - 1, -1, -1)},
-            "served": {BAND_NAMES[b]: self.ready.served[b] for b in range(4, -1, -1)},
+            "ready": {sched.BAND_NAMES[b]: depth[b] for b in range(len(depth) - 1, -1, -1)},
+            "served": {sched.BAND_NAMES[b]: self.ready.served[b] for b in range(4, -1, -1)},
             "inline": self.inline,
             "coalesced": self.ready.coalesced + self.held,
             "deferring": g.deferring,
