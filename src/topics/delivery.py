@@ -172,6 +172,8 @@ class Delivery:
         if self.fifo:
             t.notify()
             return
+        if not t.listeners:
+            return  # nobody to wake: a stream or poll that starts later reads from its cursor
         if t in self._held or t in self.ready:
             self.ready.coalesced += 1
             return

@@ -551,6 +551,8 @@ def test_deferral_ends_once_the_server_is_idle() -> None:
         try:
             engine.put_topic("warm", {"priority": 600})  # B3: queued, not served on the spot
             engine.put_topic("low", {"priority": -1000})
+            for name in ("warm", "low"):  # someone listens: there is delivery work
+                engine.topics[name].listeners.add(lambda t: None)
             # A latency spike: the loop is blocked 100 ms at a time with work queued,
             # until the governor defers B0.
             for _ in range(2 * DEFER_SAMPLES):
