@@ -14,8 +14,8 @@ applies the ladder: coalescing windows, the WAL's group-commit window, the
 deferral of band B0 and of router forwarding. docs/SCHEDULER.md describes
 what a client sees at each step.
 
-While nothing is queued and pressure is low, one publication per loop turn is
-served inside the publication itself, so an idle server delivers as soon as it
+While nothing is queued, one publication per loop turn is served inside the
+publication itself, so an idle server delivers as soon as it
 did without a scheduler. With `TOPICS_SCHEDULER=fifo` every publication is
 served at once, in publication order, and the governor never presses.
 
@@ -180,9 +180,10 @@ class Delivery:
         if self._loop is None:
             self.ready.mark(t, self._now())
             return
-        if not self._inline_used and not self.ready and self.governor.pressure <= sched.COALESCE_AT:
-            # Nothing waits and nothing presses: serve it inside the publication
-            # (the first of a loop turn; a burst of them queues and goes by band).
+        if not self._inline_used and not self.ready:
+            # Nothing waits: serve it inside the publication (the first of a loop
+            # turn; a burst of them queues and goes by band). A coalescing window
+            # still applies (in _serve).
             self._inline_used = True
             self._drain_soon()  # its turn ends there
             self.inline += 1

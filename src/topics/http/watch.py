@@ -144,13 +144,14 @@ async def _run(ctx: Ctx, session: WatchSession) -> None:
         """A publication on `t`, served from the fan-out (see the module doc)."""
         if st.lagged:
             return False  # the lag check wakes the stream once its socket drained
-        if direct is not None and not direct.pending():
-            st.unflushed = 0
-        elif direct is not None and (st.unflushed >= SSE_QUEUE_FRAMES or direct.full()):
-            # A slow reader: stop buffering for it; it catches up from its cursor.
-            lag(True)
-            loop.call_later(LAG_CHECK_S, check_lag)
-            return False
+        if st.unflushed >= SSE_QUEUE_FRAMES and direct is not None:
+            # Looked at once per SSE_QUEUE_FRAMES frames, not on every delivery.
+            if direct.pending():
+                # A slow reader: stop buffering for it; it catches up from its cursor.
+                lag(True)
+                loop.call_later(LAG_CHECK_S, check_lag)
+                return False
+            st.unflushed = 0  # everything written so far has left
         d = ws.deliveries.get(t.name)
         if (
             not st.parked
