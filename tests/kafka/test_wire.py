@@ -385,3 +385,29 @@ def test_sasl_plain_scopes(secured: KafkaProcess) -> None:
         assert bad.closed()
     finally:
         bad.close()
+
+
+def test_a_paced_produce_is_throttled_not_refused(inproc: Any) -> None:
+    """Under the pressure ladder a Produce to a low band is answered late, with the
+    wait in throttle_time_ms; an urgent topic's Produce is not (docs/SCHEDULER.md)."""
+    n = inproc.node
+    inproc.run(lambda: n.engine.put_topic("low", {"priority": -100}))
+    inproc.run(lambda: n.engine.put_topic("urgent", {"priority": 900}))
+
+    def press() -> None:
+        n.delivery.governor.pace = 1.0  # 20 ms for B0
+        n.delivery.saw_band(4)
+
+    inproc.run(press)
+    raw = Raw(inproc.server.port)
+    try:
+        t0 = time.perf_counter()
+        resp = raw.call(P.PRODUCE, 9, **produce_req("low", batch([b"a"])))
+        waited = time.perf_counter() - t0
+        assert resp.throttle_time_ms == 20 and waited >= 0.019
+        assert resp.responses[0].partition_responses[0].error_code == E.NONE
+        resp = raw.call(P.PRODUCE, 9, **produce_req("urgent", batch([b"b"])))
+        assert resp.throttle_time_ms == 0
+        assert inproc.run(lambda: n.engine.topics["low"].head_seq) == 1
+    finally:
+        raw.sock.close()

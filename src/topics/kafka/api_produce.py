@@ -16,11 +16,14 @@ epochs. Produce needs the `write` scope on the topic; InitProducerId needs
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from topics.config import SCOPE_WRITE
+from topics.errors import TopicsError
 from topics.kafka import errors as E
 from topics.kafka import protocol as P
 from topics.kafka.backend import BackendError, Staged
@@ -173,7 +176,26 @@ async def produce(broker: Broker, conn: ConnState, req: Any, v: int) -> Any:
                 )
             )
         out.append(TR(name=name, partition_responses=prs))
-    return R(responses=out, throttle_time_ms=0)
+    throttle = _throttle_ms(broker, [t.name for t in req.topic_data])
+    if throttle:
+        # Kafka's own way to pace a producer: the answer comes that much later and
+        # says so in throttle_time_ms (docs/KAFKA.md "Produce acknowledgements").
+        await asyncio.sleep(throttle / 1000)
+    return R(responses=out, throttle_time_ms=throttle)
+
+
+def _throttle_ms(broker: Broker, names: list[str]) -> int:
+    """The pressure ladder's wait for a Produce to `names` (docs/SCHEDULER.md): the
+    longest pacing wait of its topics, or a refusal's `retry_after_ms` where HTTP
+    would answer 429 (a Kafka producer is throttled, never refused, under load)."""
+    node = broker.backend.node
+    worst = 0.0
+    for name in names:
+        try:
+            worst = max(worst, node.write_pace(name, False))
+        except TopicsError as exc:
+            worst = max(worst, float((exc.detail or {}).get("retry_after_ms", 0)))
+    return int(math.ceil(worst))
 
 
 def refuse_produce(broker: Broker, req: Any, code: int) -> Any:
