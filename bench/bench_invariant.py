@@ -79,7 +79,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -365,6 +364,20 @@ async def _watcher_main(host: str, port: int, topic: str, out: Path) -> None:
     out.write_bytes(orjson.dumps({"deliveries": deliveries}))
 
 
+def scan_figures(stats: dict[str, Any], lat: list[int], wall: float) -> dict[str, Any]:
+    """A scan phase's counters with its rates and request latencies (ms)."""
+    s = summarize(lat, 1e6)
+    return {
+        **stats,
+        "wall_s": round(wall, 3),
+        "records_per_s": round(stats["records"] / wall),
+        "mb_per_s": round(stats["bytes"] / wall / 1e6, 1),
+        "req_p50_ms": s.get("p50"),
+        "req_p99_ms": s.get("p99"),
+        "req_max_ms": s.get("max"),
+    }
+
+
 # -- the scanners (child process) -------------------------------------------------------------
 async def _scanner_main(
     host: str,
@@ -447,15 +460,8 @@ async def _scanner_main(
         await asyncio.gather(*tasks)
         for c in pool:
             c.close()
-        s = summarize(lat, 1e6)
         return {
-            **stats,
-            "wall_s": round(wall, 3),
-            "records_per_s": round(stats["records"] / wall),
-            "mb_per_s": round(stats["bytes"] / wall / 1e6, 1),
-            "req_p50_ms": s.get("p50"),
-            "req_p99_ms": s.get("p99"),
-            "req_max_ms": s.get("max"),
+            **scan_figures(stats, lat, wall),
             "evictions": len(evictions),
             "evict_s_max": round(max(evictions), 4) if evictions else None,
             "cursors": list(cursors),
@@ -613,48 +619,22 @@ class Child:
 
 
 # -- the Redis peer (--peer redis) ----------------------------------------------------------------
-class RespAsync(asyncio.Protocol):
-    """An asyncio Redis connection, one command in flight; counts the bytes received."""
+class RespAsync(AsyncConn):
+    """An asyncio Redis connection, one command in flight; counts the bytes received.
+    `roundtrip` (of AsyncConn) returns the reply as hiredis parsed it."""
 
     def __init__(self) -> None:
-        self.transport: Any = None
+        super().__init__()
         self.reader = hiredis.Reader()
-        self.waiter: asyncio.Future[Any] | None = None
         self.received = 0
-
-    @classmethod
-    async def open(cls, host: str, port: int) -> RespAsync:
-        _, proto = await asyncio.get_running_loop().create_connection(cls, host, port)
-        return proto
-
-    def connection_made(self, transport: Any) -> None:
-        self.transport = transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
         self.received += len(data)
         self.reader.feed(data)
-        w = self.waiter
+        w: Any = self.waiter
         if w is not None and not w.done() and (x := self.reader.gets()) is not False:
             self.waiter = None
             w.set_result(x)
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        w = self.waiter
-        if w is not None and not w.done():
-            w.set_exception(exc or ConnectionError("redis closed the connection"))
-
-    async def roundtrip(self, req: bytes) -> Any:
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.waiter = fut
-        self.transport.write(req)
-        return await fut
-
-    def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
 
 
 async def _redis_scanner_main(host: str, port: int, starts: list[bytes], limit: int) -> None:
@@ -704,16 +684,7 @@ async def _redis_scanner_main(host: str, port: int, starts: list[bytes], limit: 
         running = False
         wall = time.perf_counter() - t_start
         await asyncio.gather(*tasks)
-        s = summarize(lat, 1e6)
-        return {
-            **stats,
-            "wall_s": round(wall, 3),
-            "records_per_s": round(stats["records"] / wall),
-            "mb_per_s": round(stats["bytes"] / wall / 1e6, 1),
-            "req_p50_ms": s.get("p50"),
-            "req_p99_ms": s.get("p99"),
-            "req_max_ms": s.get("max"),
-        }
+        return scan_figures(stats, lat, wall)
 
     while (cmd := await commands.get()) not in ("EXIT", ""):
         if cmd.startswith("START"):

@@ -80,33 +80,35 @@ def log(msg: str) -> None:
 
 
 # -- subscriber process ------------------------------------------------------------------------
-async def _open_stream(host: str, port: int, ctl: AsyncConn, topic: str) -> ChunkRecorder:
-    loop = asyncio.get_running_loop()
-    hostport = f"{host}:{port}"
+async def _stream_url(host: str, port: int, ctl: AsyncConn, topic: str) -> str:
+    """A new watch session on `topic` from its head (on `ctl`): its stream URL."""
     body = orjson.dumps({"topics": {topic: {"tail": True}}})
-    st, b = await ctl.roundtrip(build_request("POST", "/v0/watch", body, host=hostport))
+    st, b = await ctl.roundtrip(build_request("POST", "/v0/watch", body, host=f"{host}:{port}"))
     if st != 200:
         raise RuntimeError(f"POST /v0/watch: {st} {b[:200]!r}")
-    url = orjson.loads(b)["stream_url"]
-    _t, rec = await loop.create_connection(ChunkRecorder, host, port)
-    rec.transport.write(
-        build_request("GET", url, headers=[("Accept", "text/event-stream")], host=hostport)
+    return str(orjson.loads(b)["stream_url"])
+
+
+def _stream_get(host: str, port: int, url: str) -> bytes:
+    return build_request(
+        "GET", url, headers=[("Accept", "text/event-stream")], host=f"{host}:{port}"
     )
+
+
+async def _open_stream(host: str, port: int, ctl: AsyncConn, topic: str) -> ChunkRecorder:
+    url = await _stream_url(host, port, ctl, topic)
+    _t, rec = await asyncio.get_running_loop().create_connection(ChunkRecorder, host, port)
+    rec.transport.write(_stream_get(host, port, url))
     return rec
 
 
 async def _stalled_stream(host: str, port: int, ctl: AsyncConn) -> socket.socket:
     """A stream on `hot` whose socket is never read (a tiny receive buffer)."""
-    hostport = f"{host}:{port}"
-    body = orjson.dumps({"topics": {HOT: {"tail": True}}})
-    st, b = await ctl.roundtrip(build_request("POST", "/v0/watch", body, host=hostport))
-    if st != 200:
-        raise RuntimeError(f"POST /v0/watch: {st} {b[:200]!r}")
-    url = orjson.loads(b)["stream_url"]
+    url = await _stream_url(host, port, ctl, HOT)
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     s.connect((host, port))
-    s.sendall(build_request("GET", url, headers=[("Accept", "text/event-stream")], host=hostport))
+    s.sendall(_stream_get(host, port, url))
     return s
 
 
