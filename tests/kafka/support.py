@@ -248,14 +248,17 @@ def produce(
     acks: str = "1",
     idempotent: bool = False,
     sasl: tuple[str, str] | None = None,
+    compression: str | None = None,
 ) -> list[int]:
-    """Produce `items` (key, value, headers) in order; returns their offsets."""
+    """Produce `items` (key, value, headers) in order, batches compressed with
+    `compression` (gzip, snappy, lz4, zstd) when given; returns their offsets."""
     if client == "confluent":
         from confluent_kafka import Producer
 
-        p = Producer(
-            ck_conf(bs, sasl, acks=acks, **{"enable.idempotence": idempotent, "linger.ms": 5})
-        )
+        extra: dict[str, Any] = {"enable.idempotence": idempotent, "linger.ms": 5}
+        if compression:
+            extra["compression.type"] = compression
+        p = Producer(ck_conf(bs, sasl, acks=acks, **extra))
         offsets: list[int] = [-1] * len(items)
         errors: list[Any] = []
 
@@ -284,6 +287,7 @@ def produce(
                 acks=acks if acks == "all" else int(acks),
                 enable_idempotence=idempotent,
                 linger_ms=5,
+                compression_type=compression,
             )
         )
         futs = [kp.send(topic, key=k, value=v, headers=h) for k, v, h in items]
@@ -302,6 +306,7 @@ def produce(
                 acks=acks if acks == "all" else int(acks),
                 enable_idempotence=idempotent,
                 linger_ms=5,
+                compression_type=compression,
             )
         )
         await ap.start()
