@@ -265,3 +265,50 @@ def test_fetch_below_the_eviction_floor(kserver: KafkaProcess, client: str) -> N
         more = consume_assign(client, kserver.bootstrap, topic, 5, 1, reset="none", timeout=10)
         raise AssertionError(f"no error, got {more}")
     assert _out_of_range_error(info.value), repr(info.value)
+
+
+def test_fetched_records_carry_their_append_time(kserver: KafkaProcess) -> None:
+    """Every fetched record says LogAppendTime with its own `$ts`, also where one
+    fetch spans records appended at different times (docs/KAFKA.md "Records")."""
+    topic = name("ts")
+    for i in range(6):
+        r = httpx.post(f"{kserver.base}/v0/topics/{topic}", json={"records": [{"data": i}] * 2})
+        assert r.status_code in (200, 201), r.text
+        time.sleep(0.003)  # a new millisecond: a new append time
+    r = httpx.post(f"{kserver.base}/v0/topics/{topic}/diff", json={"from_seq": 0})
+    want = [rec["$ts"] for rec in r.json()["records"]]
+    assert len(want) == 12 and len(set(want)) > 1
+
+    from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, TopicPartition
+
+    c = Consumer(ck_conf(kserver.bootstrap, **{"group.id": name("g"), "enable.auto.commit": False}))
+    try:
+        c.assign([TopicPartition(topic, 0, 0)])
+        got: list[tuple[int, int]] = []
+        deadline = time.monotonic() + 20
+        while len(got) < 12 and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is not None and m.error() is None:
+                got.append(m.timestamp())
+    finally:
+        c.close()
+    assert got == [(TIMESTAMP_LOG_APPEND_TIME, ts) for ts in want]
+
+    async def go() -> list[tuple[int, int]]:
+        from aiokafka import AIOKafkaConsumer
+        from aiokafka.structs import TopicPartition as TP
+
+        ac = AIOKafkaConsumer(**py_conf(kserver.bootstrap, enable_auto_commit=False))
+        await ac.start()
+        try:
+            ac.assign([TP(topic, 0)])
+            ac.seek(TP(topic, 0), 0)
+            out: list[tuple[int, int]] = []
+            while len(out) < 12:
+                batch = await ac.getmany(timeout_ms=1000)
+                out += [(m.timestamp_type, m.timestamp) for ms in batch.values() for m in ms]
+            return out
+        finally:
+            await ac.stop()
+
+    assert asyncio.run(go()) == [(1, ts) for ts in want]  # 1: LogAppendTime

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from topics.config import SCOPE_READ
 from topics.kafka import errors as E
 from topics.kafka import protocol as P
-from topics.kafka.records import BatchWriter, to_kafka
+from topics.kafka.records import append_time_batches, to_kafka
 from topics.storage.reads import history_gate, read_pool
 
 if TYPE_CHECKING:
@@ -59,12 +59,10 @@ def _read_partition(
         elif off < hw and (room > 0 or first):
             got = broker.backend.read(name, max(off, lso), max(room, 1))
             if got:
-                w = BatchWriter(got[0].seq - 1, max(room, 1))
-                for rec in got:
-                    k, val, hs = to_kafka(rec.tag, rec.data, rec.meta)
-                    if not w.add(rec.seq - 1, rec.ts, k, val, hs):
-                        break
-                records = w.build()
+                records = append_time_batches(
+                    [(rec.seq - 1, rec.ts, *to_kafka(rec.tag, rec.data, rec.meta)) for rec in got],
+                    max(room, 1),
+                )
     return err, hw, lso, records
 
 

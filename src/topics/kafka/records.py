@@ -49,6 +49,7 @@ from topics.engine.records import NewRecord
 from topics.kafka import errors as E
 
 __all__ = [
+    "append_time_batches",
     "RecordError",
     "ProducedBatch",
     "decode_batches",
@@ -62,6 +63,9 @@ Header = tuple[str, bytes | None]
 
 _LEN = struct.Struct(">qi")  # baseOffset, batchLength: the batch framing prefix
 _BASE = struct.Struct(">q")
+_CRC = struct.Struct(">I")
+_CRC_AT = 17  # baseOffset 8, batchLength 4, partitionLeaderEpoch 4, magic 1
+_LOG_APPEND_TIME = 0x08  # attributes bit 3: the timestamp type
 _BATCH_OVERHEAD = 61  # v2 batch header bytes before the first record
 _MAGIC_AT = 16
 _CRC_AT = 17
@@ -364,6 +368,9 @@ class BatchWriter:
     Offsets inside the batch are deltas from the first record's offset, which
     becomes the batch's baseOffset (outside the CRC, patched after `build`).
     Gaps (deleted seqs) are legal in v2 batches, as in compacted Kafka topics.
+    The batch is typed LogAppendTime (docs/KAFKA.md "Records"): a client reads
+    every record's time from the batch's maxTimestamp, so the records of one
+    batch must share their `$ts` (see :func:`append_time_batches`).
     """
 
     __slots__ = ("_b", "_base", "count", "_limit")
@@ -408,4 +415,39 @@ class BatchWriter:
     def build(self) -> bytes:
         buf = self._b.build()
         _BASE.pack_into(buf, 0, self._base)
+        buf[_ATTR_AT + 1] |= _LOG_APPEND_TIME  # the low byte of the attributes
+        _CRC.pack_into(buf, _CRC_AT, crc32c.crc32c(memoryview(buf)[_ATTR_AT:]))
         return bytes(buf)
+
+
+def append_time_batches(
+    records: list[tuple[int, int, bytes | None, bytes | None, list[Header]]], max_bytes: int
+) -> bytes:
+    """Fetch batches for `(offset, ts, key, value, headers)` records in offset order:
+    a new batch wherever the append time changes, so LogAppendTime stays exact per
+    record. Stops before the record that would pass `max_bytes` (the first is
+    always taken, KIP-74)."""
+    out: list[bytes] = []
+    used = 0
+    w: BatchWriter | None = None
+    ts_now = None
+    for off, ts, key, value, headers in records:
+        if w is None or ts != ts_now:
+            if w is not None:
+                done = w.build()
+                out.append(done)
+                used += len(done)
+            room = max_bytes - used
+            if out and room <= _BATCH_OVERHEAD:
+                w = None
+                break
+            w = BatchWriter(off, max(room, 1))
+            ts_now = ts
+        if not w.add(off, ts, key, value, headers):
+            if w.count:
+                out.append(w.build())
+            w = None
+            break
+    if w is not None and w.count:
+        out.append(w.build())
+    return b"".join(out)
