@@ -180,6 +180,9 @@ class Delivery:
         if self._loop is None:
             self.ready.mark(t, self._now())
             return
+        if self.governor.pace:
+            # Pacing protects the bands that publish while it is on: note this one.
+            self.saw_band(band_of(self._priority(t)))
         if not self._inline_used and not self.ready:
             # Nothing waits: serve it inside the publication (the first of a loop
             # turn; a burst of them queues and goes by band). A coalescing window
@@ -191,7 +194,6 @@ class Delivery:
             return
         now = self._now()
         band = band_of(self._priority(t))
-        self.saw_band(band, now)
         if band == TOP_BAND:
             # The urgent band goes first anyway, and a queued service would
             # wait for every callback the loop has ready (requests included).
@@ -202,12 +204,12 @@ class Delivery:
         self._drain_soon()
 
     def saw_band(self, band: int, now_ms: float | None = None) -> None:
-        """Note that a topic of `band` published under pressure (now, by default)."""
+        """Note that a topic of `band` published while writes are paced (now, by default)."""
         self._band_seen[band] = self._now() if now_ms is None else now_ms
 
     def urgent_above(self, band: int) -> bool:
-        """True when a topic of a band above `band` published under pressure within
-        the last second: only then is there anything to pace writes for."""
+        """True when a topic of a band above `band` published while writes were paced,
+        within the last second: only then is there anything to pace writes for."""
         since = self._now() - URGENT_MEMORY_MS
         return any(at >= since for at in self._band_seen[band + 1 :])
 
