@@ -109,6 +109,7 @@ def test_a_widened_commit_window_is_reported_as_throttle_wait(tmp_path: Path) ->
     asyncio.run(main())
 
 
+@pytest.mark.slow  # 3000 writes past a 4 MiB socket buffer: the full tier's
 @pytest.mark.timeout(60)
 def test_a_stalled_reader_is_marked_lagged_and_catches_up_in_order() -> None:
     """Many small frames to a socket that is not read: the stream stops buffering at
