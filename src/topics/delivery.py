@@ -28,6 +28,7 @@ how late the tick's timer fires, which is read from the loop's own clock.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -35,15 +36,13 @@ from typing import Any
 from topics.clock import Clock
 from topics.engine import scheduler as sched
 from topics.engine.core import Engine
-from topics.engine.scheduler import Governor, ReadySet, band_of
+from topics.engine.scheduler import TOP_BAND, Governor, ReadySet, band_of
 from topics.engine.topic import Topic
 
 __all__ = ["Delivery", "LATENCY_BUCKETS_MS", "DRAIN_BUDGET_MS", "RouterWork"]
 
 log = logging.getLogger("topics.delivery")
 
-#: Publications of topics in this band are served inside the publication.
-TOP_BAND = 4
 #: How long a publication of a higher band keeps lower-band writes paced (ms).
 URGENT_MEMORY_MS = 1000.0
 #: Longest a drain runs before it gives the loop back (ms): sockets are read and
@@ -73,11 +72,11 @@ class Delivery:
     called with the group-commit window the ladder asks for (seconds; 0 =
     none). `fifo` turns scheduling off (docs/SCHEDULER.md, "Turning it off").
 
-    Counters: `inline` (publications served inside themselves), `drains`,
+    Counters: `inline` (publications served inside themselves),
     `held` (services put off by a coalescing window), `paced` (writes the node
     made wait under pressure), `latency_counts`
     (histogram over :data:`LATENCY_BUCKETS_MS`, last bucket: above), `rejected`
-    (writes refused with 429 by :meth:`refuse_write`).
+    (writes the node refused with 429).
     """
 
     def __init__(
@@ -109,13 +108,12 @@ class Delivery:
         self._timer_due = 0.0
         self._stopping = False
         # When a topic of each band last published under pressure (monotonic ms).
-        self._band_seen = [-1e18] * 5
+        self._band_seen = [-1e18] * (TOP_BAND + 1)
         self._resumed_ms = 0.0  # when band B0 was last let go after a deferral
         self._last_age = 0.0
         self._last_govern = 0.0
         self._window_s = 0.0
         self.inline = 0
-        self.drains = 0
         self.held = 0
         self.rejected = 0
         self.paced = 0
@@ -165,6 +163,10 @@ class Delivery:
             return max(prios, default=0)
         return eng.effective_priority(key, eng.clock.now_ms())
 
+    def band(self, t: Topic) -> int:
+        """The band `t` is scheduled in (by its effective priority, without aging)."""
+        return band_of(self._priority(t))
+
     # ---------------------------------------------------------- publications
 
     def published(self, t: Topic) -> None:
@@ -180,9 +182,9 @@ class Delivery:
         if self._loop is None:
             self.ready.mark(t, self._now())
             return
-        if self.governor.pace:
-            # Pacing protects the bands that publish while it is on: note this one.
-            self.saw_band(band_of(self._priority(t)))
+        band = self.band(t) if self.governor.pace else None
+        if band is not None:
+            self.saw_band(band)  # pacing protects the bands that publish while it is on
         if not self._inline_used and not self.ready:
             # Nothing waits: serve it inside the publication (the first of a loop
             # turn; a burst of them queues and goes by band). A coalescing window
@@ -193,7 +195,8 @@ class Delivery:
             self._serve(t, 0.0, 0.0)
             return
         now = self._now()
-        band = band_of(self._priority(t))
+        if band is None:
+            band = self.band(t)
         if band == TOP_BAND:
             # The urgent band goes first anyway, and a queued service would
             # wait for every callback the loop has ready (requests included).
@@ -225,20 +228,6 @@ class Delivery:
         self._drain_soon()
         return True
 
-    def refuse_write(self, queue_full: bool) -> bool:
-        """True when a write should be refused with `429` (docs/SCHEDULER.md,
-        "The ladder"): the WAL ingest queue is full and pressure is near 1."""
-        if self.governor.refuse_write(queue_full):
-            self.rejected += 1
-            return True
-        return False
-
-    def forget(self, t: Topic) -> None:
-        """`t` is gone: drop its queued work and its window."""
-        self.ready.discard(t)
-        self._last_served.pop(t, None)
-        self._held.pop(t, None)
-
     # ---------------------------------------------------------------- service
 
     def _drain_soon(self) -> None:
@@ -257,7 +246,6 @@ class Delivery:
     def drain(self, budget_ms: float | None = DRAIN_BUDGET_MS) -> int:
         """Serve queued keys in DWRR order for at most `budget_ms` (None: until
         nothing servable is left); returns how many were served."""
-        self.drains += 1
         start = self._now()
         served = 0
         while True:
@@ -287,7 +275,7 @@ class Delivery:
             return
         window = 0.0 if self._stopping else self.governor.coalesce_ms
         if window > 0:
-            window = self.governor.coalesce_ms_for(band_of(self._priority(t)))
+            window = self.governor.coalesce_ms_for(self.band(t))
             now = now or self._now()
             last = self._last_served.get(t)
             if last is not None and now - last < window:
@@ -337,11 +325,8 @@ class Delivery:
     def _observe(self, waited: float) -> None:
         self.governor.observe(waited)
         self.latency_sum_ms += waited
-        for i, bound in enumerate(LATENCY_BUCKETS_MS):
-            if waited <= bound:
-                self.latency_counts[i] += 1
-                return
-        self.latency_counts[-1] += 1
+        # The first bucket whose bound is >= waited; past the last: the overflow one.
+        self.latency_counts[bisect.bisect_left(LATENCY_BUCKETS_MS, waited)] += 1
 
     # ---------------------------------------------------------- aging, governor
 
@@ -415,8 +400,8 @@ class Delivery:
             "latency_ewma_ms": round(g.latency_ewma_ms, 4),
             "loop_lag_ms": round(g.loop_lag_ms, 4),
             "ingest_wait_ms": round(g.ingest_ms, 4),
-            "ready": {sched.BAND_NAMES[b]: depth[b] for b in range(len(depth) - 1, -1, -1)},
-            "served": {sched.BAND_NAMES[b]: self.ready.served[b] for b in range(4, -1, -1)},
+            "ready": _by_band(depth),
+            "served": _by_band(self.ready.served),
             "inline": self.inline,
             "coalesced": self.ready.coalesced + self.held,
             "deferring": g.deferring,
@@ -432,3 +417,8 @@ class Delivery:
                 "sum": round(self.latency_sum_ms, 3),
             },
         }
+
+
+def _by_band(values: list[int]) -> dict[str, int]:
+    """Per-band figures keyed B4 first."""
+    return {sched.BAND_NAMES[b]: values[b] for b in range(TOP_BAND, -1, -1)}

@@ -41,7 +41,7 @@ from topics.delivery import Delivery
 from topics.engine.core import Engine
 from topics.engine.queues import Queues
 from topics.engine.routers import RouterSet
-from topics.engine.scheduler import LATENCY_CEILING_MS, band_of
+from topics.engine.scheduler import LATENCY_CEILING_MS, TOP_BAND, band_of
 from topics.engine.watch import WatchRegistry
 from topics.errors import TopicsError
 
@@ -253,26 +253,43 @@ class Node:
             except (asyncio.CancelledError, Exception):
                 pass
 
-    def write_pace(self, topic: str, bypass: bool) -> float:
+    def write_pace(self, topic: str, bypass: bool, *, refuse: bool = True) -> float:
         """The ladder's word on a write to `topic` (docs/SCHEDULER.md, "The ladder"):
         how long it must wait before it is staged (ms; 0.0 almost always).
 
-        Raises as :meth:`check_backpressure`. A write is paced only while the
-        governor's pace is up, its topic is below the top band and a topic of a
-        higher band published under pressure within the last second (pacing
-        protects urgent topics; alone, a flood of equals is not slowed). Never
-        with `bypass` (`disable_backpressure`).
+        Raises TopicsError `429 throttled` (`Retry-After`, `detail
+        {"retry_after_ms"}`) while the server is saturated: pressure near 1,
+        high long enough to defer, and an ingest queue full (a WAL shard's queue
+        at :data:`QUEUE_FULL_SHARE` of its bound, or requests waiting for the
+        event loop as long as the latency ceiling). With `refuse=False` (a Kafka
+        producer is throttled, never refused) that refusal is returned as a
+        wait of :data:`RETRY_AFTER_MS` instead. Otherwise a write is paced
+        while the governor's pace is up, its topic is below the top band and a
+        higher band published while pacing within the last second (alone, a
+        flood of equals is not slowed). Nothing of this with `bypass`
+        (`disable_backpressure`) or for a topic of the top band. Changes nothing.
         """
         d = self.delivery
         g = d.governor
         if bypass or (not g.pace and not g.deferring):
-            return 0.0
-        self.check_backpressure(topic, bypass)
-        if not g.pace:
-            return 0.0
+            return 0.0  # the common case ends here
         t = self.engine.topics.get(topic)
-        band = band_of(self.engine.effective_priority(t, self.clock.now_ms()) if t else 0)
-        if not d.urgent_above(band):
+        band = d.band(t) if t is not None else band_of(0)
+        if band == TOP_BAND:
+            return 0.0
+        if g.deferring:
+            full = self._wal_fill() >= QUEUE_FULL_SHARE or g.ingest_ms >= LATENCY_CEILING_MS
+            if g.refuse_write(full):
+                if not refuse:
+                    return float(RETRY_AFTER_MS)
+                d.rejected += 1
+                raise TopicsError(
+                    429,
+                    "throttled",
+                    "the server is saturated; retry later (or write with disable_backpressure)",
+                    {"retry_after_ms": RETRY_AFTER_MS},
+                )
+        if not g.pace or not d.urgent_above(band):
             return 0.0
         wait_ms = g.pace_ms_for(band)
         if wait_ms > 0:
@@ -280,66 +297,24 @@ class Node:
         return wait_ms
 
     async def admit_write(self, topic: str, bypass: bool) -> float:
-        """Admit a write to `topic` under the pressure ladder (docs/SCHEDULER.md, "The ladder").
-
-        Raises as :meth:`check_backpressure`. Once pressure passed the
-        commit-window step, a write to a topic below the top band is paced: it
-        waits :meth:`~topics.engine.scheduler.Governor.pace_ms_for` its band (at
-        most 20 ms, B0) before it is staged, so the loop's time goes to urgent
-        work first. Returns the wait (ms, 0.0 when
-        none); nothing waits with `bypass` (`disable_backpressure`).
-        """
+        """:meth:`write_pace`, then the wait it asks for; returns the wait (ms)."""
         wait_ms = self.write_pace(topic, bypass)
         if wait_ms > 0:
             await asyncio.sleep(wait_ms / 1000)
         return wait_ms
 
-    def check_backpressure(self, topic: str, bypass: bool) -> None:
-        """Refuse a write to `topic` while the server is saturated (docs/SCHEDULER.md,
-        "The ladder").
-
-        Raises TopicsError `429 throttled` with `Retry-After` and `detail
-        {"retry_after_ms"}` when the governor's pressure is near 1 (and has been
-        high long enough to defer) and an ingest queue is full: a WAL shard's
-        queue at :data:`QUEUE_FULL_SHARE` of its bound, or the event loop itself
-        (requests waiting for it as long as the latency ceiling). Never
-        when `bypass` (the write's `disable_backpressure`), never for a topic of
-        the top band (B4). Changes nothing.
-        """
-        d = self.delivery
-        if bypass or not d.governor.deferring:
-            return  # refusal needs sustained pressure: the common case ends here
-        t = self.engine.topics.get(topic)
-        if t is not None and band_of(self.engine.effective_priority(t, self.clock.now_ms())) == 4:
-            return
-        full = self.wal_queue_full() or d.governor.ingest_ms >= LATENCY_CEILING_MS
-        if d.refuse_write(full):
-            raise TopicsError(
-                429,
-                "throttled",
-                "the server is saturated; retry later (or write with disable_backpressure)",
-                {"retry_after_ms": RETRY_AFTER_MS},
-                retry_after=max(1, -(-RETRY_AFTER_MS // 1000)),
-            )
-
-    def wal_queue_full(self) -> bool:
-        """True when a WAL shard's ingest queue holds :data:`QUEUE_FULL_SHARE` of its
-        bound or more (always False in memory mode)."""
+    def _wal_fill(self) -> float:
+        """The fullest WAL shard's ingest queue, as a share of its bound (0 in memory mode)."""
         wal = self.wal
         if wal is None:
-            return False
-        return any(sh.queue_depth >= sh.queue_max * QUEUE_FULL_SHARE for sh in wal.shards)
+            return 0.0
+        return max((sh.queue_depth / max(sh.queue_max, 1) for sh in wal.shards), default=0.0)
 
     def _pool_busy(self) -> float:
         """The governor's pool signal: the busier of the read pool and the WAL ingest queues."""
         from topics.storage.reads import read_pool
 
-        busy = read_pool.busy_share()
-        wal = self.wal
-        if wal is not None:
-            for sh in wal.shards:
-                busy = max(busy, sh.queue_depth / max(sh.queue_max, 1))
-        return busy
+        return max(read_pool.busy_share(), self._wal_fill())
 
     def _set_commit_window(self, seconds: float) -> None:
         wal = self.wal

@@ -21,7 +21,7 @@ def saturate(h: Harness, full: bool = True) -> None:
     """Pressure at 1 and (as far as the node can tell) a full WAL ingest queue."""
     for _ in range(3):
         h.node.delivery.governor.sample(0, 1.0)  # sustained: deferring
-    h.node.wal_queue_full = lambda: full  # type: ignore[method-assign]
+    h.node._wal_fill = lambda: 1.0 if full else 0.0  # type: ignore[method-assign]
 
 
 def test_a_saturated_server_refuses_writes_with_429_and_changes_nothing() -> None:

@@ -22,7 +22,7 @@ sleeping. The loop-side worker that uses both classes is
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -48,6 +48,7 @@ __all__ = [
     "PACE_UP",
     "REJECT_AT",
     "RESUME_AT",
+    "TOP_BAND",
     "Governor",
     "ReadySet",
     "band_of",
@@ -60,6 +61,8 @@ BAND_FLOORS = (750, 500, 250, 0)
 #: DWRR weights, indexed by band number (B0 .. B4): services per round.
 BAND_WEIGHTS = (1, 1, 2, 4, 8)
 BAND_NAMES = ("B0", "B1", "B2", "B3", "B4")
+#: The urgent band: served on the spot, never coalesced, paced or refused.
+TOP_BAND = len(BAND_WEIGHTS) - 1
 #: Aging: a queued topic gains this much priority per second of waiting ...
 AGE_RATE_PER_S = 100
 #: ... for at most this long (so at most +1000).
@@ -102,8 +105,13 @@ def band_of(priority: float) -> int:
     """The band number (0 = B0 .. 4 = B4) of an effective priority."""
     for i, floor in enumerate(BAND_FLOORS):
         if priority >= floor:
-            return 4 - i
+            return TOP_BAND - i
     return 0
+
+
+def _below_top(band: int) -> float:
+    """1 for B0, a quarter less per band above, 0 for the top band."""
+    return (TOP_BAND - min(max(band, 0), TOP_BAND)) / TOP_BAND
 
 
 def age_boost(waited_ms: float) -> float:
@@ -130,8 +138,7 @@ class ReadySet(Generic[K]):
     says. While :attr:`defer_b0` is set, band B0 receives no credit: its keys
     stay queued, in order, and are served once it is cleared.
 
-    Counters: `served` per band, `marked` (keys inserted), `coalesced` (marks
-    of a key already queued).
+    Counters: `served` per band, `coalesced` (marks of a key already queued).
     """
 
     def __init__(self, priority: Callable[[K], float]) -> None:
@@ -143,7 +150,6 @@ class ReadySet(Generic[K]):
         self._order = 0
         self.defer_b0 = False
         self.served = [0] * len(BAND_WEIGHTS)
-        self.marked = 0
         self.coalesced = 0
         #: When the key :meth:`pop` returned last was queued (monotonic ms), and its band.
         self.last_enqueued_ms = 0.0
@@ -154,9 +160,6 @@ class ReadySet(Generic[K]):
 
     def __contains__(self, key: object) -> bool:
         return key in self._entries
-
-    def __iter__(self) -> Iterator[K]:
-        return iter(list(self._entries))
 
     def depth(self) -> list[int]:
         """Queued keys per band, indexed by band number (B0 .. B4)."""
@@ -188,7 +191,6 @@ class ReadySet(Generic[K]):
         e.band = self._band_for(e, now_ms)
         self._entries[key] = e
         self._push(e)
-        self.marked += 1
         return True
 
     def discard(self, key: K) -> None:
@@ -291,7 +293,6 @@ class Governor:
     #: EWMA of how long requests wait for the loop once their bytes are read (ms).
     ingest_ms: float = 0.0
     deferring: bool = False
-    samples: int = 0
     #: Parts of the last sample: depth, latency and pool terms.
     terms: tuple[float, float, float] = (0.0, 0.0, 0.0)
     #: Samples that started or ended deferral.
@@ -317,11 +318,6 @@ class Governor:
         self.ingest_ms += a * (max(waited_ms, 0.0) - self.ingest_ms)
         self._ingest_seen += 1
 
-    @property
-    def loop_behind_ms(self) -> float:
-        """How far behind the event loop runs: the larger of its lag and the requests' wait."""
-        return max(self.loop_lag_ms, self.ingest_ms)
-
     def observe_lag(self, lag_ms: float) -> None:
         """Fold one reading of the loop's lag (how late a timer fired) into its EWMA.
 
@@ -334,7 +330,6 @@ class Governor:
     def sample(self, depth: int, pool_busy: float) -> float:
         """Recompute pressure from the ready-set depth and the busy share of the
         blocking pools (0..1); returns it. Call every GOVERNOR_PERIOD_MS."""
-        self.samples += 1
         # Nothing served or nothing read in the period: nothing waited either,
         # and the average halves (a spike is forgotten within a second).
         if not self._lat_seen:
@@ -346,7 +341,8 @@ class Governor:
             self.pressure = self.pace = 0.0
             return 0.0
         d = min(max(depth - self.workers, 0) / (DEPTH_FULL * self.workers), 1.0)
-        lat = min(max(self.latency_ewma_ms, self.loop_behind_ms) / LATENCY_CEILING_MS, 1.0)
+        behind = max(self.latency_ewma_ms, self.loop_lag_ms, self.ingest_ms)
+        lat = min(behind / LATENCY_CEILING_MS, 1.0)
         pool = min(max(pool_busy, 0.0), 1.0)
         self.terms = (d, lat, pool)
         p = max(d, lat, pool)
@@ -380,7 +376,7 @@ class Governor:
         """The coalescing window of a topic in `band`: the full window in B0, a
         quarter less per band above, none in B4 (the urgent band keeps a frame
         per publication)."""
-        return self.coalesce_ms * (4 - min(max(band, 0), 4)) / 4
+        return self.coalesce_ms * _below_top(band)
 
     @property
     def commit_window_ms(self) -> float:
@@ -393,7 +389,7 @@ class Governor:
     def pace_ms_for(self, band: int) -> float:
         """How long a write to a topic of `band` waits before it is staged (ms):
         up to PACE_MAX_MS in B0, a quarter less per band above, never in B4."""
-        return PACE_MAX_MS * self.pace * (4 - min(max(band, 0), 4)) / 4
+        return PACE_MAX_MS * self.pace * _below_top(band)
 
     def refuse_write(self, queue_full: bool) -> bool:
         """True when a write should get `429 throttled`: an ingest queue is full,

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from topics.config import SCOPE_WRITE
-from topics.errors import TopicsError
 from topics.kafka import errors as E
 from topics.kafka import protocol as P
 from topics.kafka.backend import BackendError, Staged
@@ -189,12 +188,7 @@ def _throttle_ms(broker: Broker, names: list[str]) -> int:
     longest pacing wait of its topics, or a refusal's `retry_after_ms` where HTTP
     would answer 429 (a Kafka producer is throttled, never refused, under load)."""
     node = broker.backend.node
-    worst = 0.0
-    for name in names:
-        try:
-            worst = max(worst, node.write_pace(name, False))
-        except TopicsError as exc:
-            worst = max(worst, float((exc.detail or {}).get("retry_after_ms", 0)))
+    worst = max((node.write_pace(name, False, refuse=False) for name in names), default=0.0)
     return int(math.ceil(worst))
 
 
