@@ -955,14 +955,6 @@ class DirectWs:
             conn.send_text(m)
         self._proto.transport.write(b"".join(conn.data_to_send()))
 
-    def pending(self) -> int:
-        """Bytes written but not yet taken by the kernel (the transport's buffer)."""
-        return int(self._proto.transport.get_write_buffer_size())
-
-    def full(self) -> bool:
-        """True while the socket takes nothing more (the buffer is above its high water)."""
-        return not self._proto.writable.is_set()
-
 
 def direct_writer(send: Any) -> DirectBody | DirectWs | None:
     """The direct writer behind an ASGI `send` of this module's protocols.

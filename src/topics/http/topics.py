@@ -118,9 +118,7 @@ async def write(ctx: Ctx) -> Resp:
         check_config_names(ctx.principal, req.config)
     # A large batch's frames are laid out a piece per loop step; staging then
     # only seals them (docs/HTTP_INPUT.md "Large bodies").
-    paced_ms = ctx.app.node.write_pace(name, req.disable_backpressure)
-    if paced_ms:
-        await asyncio.sleep(paced_ms / 1000)  # paced under pressure (docs/SCHEDULER.md)
+    paced_ms = await ctx.app.node.admit_write(name, req.disable_backpressure)
     await drive(eng.prepare_write(name, req))
     t1 = time.perf_counter()
     res = eng.begin_write(name, req)
@@ -130,20 +128,22 @@ async def write(ctx: Ctx) -> Resp:
         await wait_published(res.pending)
         return json_resp(200, eng.replay_result(res.pending), ctx.t0)
     await wait_published(res)
-    wal_ms = (time.perf_counter() - t1) * 1000
     body = eng.write_result(res, ctx.qbool("return_seqs", True))
-    fsync_ms = res.fsync_ms if res.topic.config.durability == "fsync" else 0.0
-    extra: dict[str, float] = {}
+    return json_resp(201 if res.created else 200, body, ctx.t0, **write_perf(res, t1, paced_ms))
+
+
+def write_perf(res: PendingWrite, t1: float, paced_ms: float) -> dict[str, float]:
+    """The `performance` figures of a committed write (docs/API.md, "1. Basics"):
+    `wal_append_ms` since `t1` (perf_counter s), `fsync_ms` for an `fsync` topic,
+    and `throttle_wait_ms` when the pressure ladder made it wait (`paced_ms`
+    before staging, plus a widened commit window)."""
+    out = {
+        "wal_append_ms": round((time.perf_counter() - t1) * 1000, 3),
+        "fsync_ms": round(res.fsync_ms if res.topic.config.durability == "fsync" else 0.0, 3),
+    }
     if res.throttle_ms or paced_ms:
-        extra["throttle_wait_ms"] = round(res.throttle_ms + paced_ms, 3)
-    return json_resp(
-        201 if res.created else 200,
-        body,
-        ctx.t0,
-        wal_append_ms=round(wal_ms, 3),
-        fsync_ms=round(fsync_ms, 3),
-        **extra,
-    )
+        out["throttle_wait_ms"] = round(res.throttle_ms + paced_ms, 3)
+    return out
 
 
 def _diff_ends(t: Topic, r: ReadResult, t0: float) -> tuple[bytes, bytes]:

@@ -33,7 +33,7 @@ from topics.engine.watch import WatchSession, WatchStream, clamp_heartbeat
 from topics.errors import TopicsError
 from topics.http.app import Ctx
 from topics.http.responses import Resp, json_resp
-from topics.http.server import direct_writer
+from topics.http.server import DirectBody, direct_writer
 from topics.storage.reads import history_gate, read_in_memory, read_pool
 
 log = logging.getLogger("topics.http")
@@ -125,7 +125,8 @@ async def _run(ctx: Ctx, session: WatchSession) -> None:
     """
     app = ctx.app
     send = ctx.send
-    direct = direct_writer(send)
+    w = direct_writer(send)
+    direct = w if isinstance(w, DirectBody) else None  # an SSE stream is HTTP/1.1 or h2
     loop = asyncio.get_running_loop()
     ws = WatchStream(ctx.engine, session)
     heartbeat_s = clamp_heartbeat(session.heartbeat_ms) / 1000

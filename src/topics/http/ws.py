@@ -42,7 +42,7 @@ from topics.errors import TopicsError
 from topics.http.app import Ctx, drive
 from topics.http.responses import perf
 from topics.http.server import direct_writer
-from topics.http.topics import wait_published
+from topics.http.topics import wait_published, write_perf
 from topics.http.watch import Waker
 from topics.storage.reads import history_gate, read_in_memory, read_pool
 
@@ -452,13 +452,8 @@ class Connection:
             out = eng.replay_result(res.pending)
         else:
             await wait_published(res)
-            wal_ms = (time.perf_counter() - t1) * 1000
             out = eng.write_result(res, True)
-            fsync = getattr(res, "fsync_ms", 0.0)
-            fsync_ms = fsync if res.topic.config.durability == "fsync" else 0.0
-            extra = {"wal_append_ms": round(wal_ms, 3), "fsync_ms": round(fsync_ms, 3)}
-            if res.throttle_ms or paced_ms:
-                extra["throttle_wait_ms"] = round(res.throttle_ms + paced_ms, 3)
+            extra = write_perf(res, t1, paced_ms)
         seqs = out.get("seqs") if cmd.get("return_seqs") is not False else None
         return _msg(
             "ack",
