@@ -64,7 +64,6 @@ Header = tuple[str, bytes | None]
 _LEN = struct.Struct(">qi")  # baseOffset, batchLength: the batch framing prefix
 _BASE = struct.Struct(">q")
 _CRC = struct.Struct(">I")
-_CRC_AT = 17  # baseOffset 8, batchLength 4, partitionLeaderEpoch 4, magic 1
 _LOG_APPEND_TIME = 0x08  # attributes bit 3: the timestamp type
 _BATCH_OVERHEAD = 61  # v2 batch header bytes before the first record
 _MAGIC_AT = 16

@@ -94,9 +94,12 @@ class ReadPool:
         loop = asyncio.get_running_loop()
         self.busy += 1
         try:
-            return await loop.run_in_executor(self._executor(), src.fetch, lo, hi)
+            buf = await loop.run_in_executor(self._executor(), src.fetch, lo, hi)
         finally:
             self.busy -= 1
+        self.fetches += 1
+        self.fetched_bytes += len(buf)
+        return buf
 
     def _executor(self) -> ThreadPoolExecutor:
         pool = self._pool
@@ -132,10 +135,7 @@ class ReadPool:
             finally:
                 read_ahead.reset(token)
             hi = max(need_hi, lo + READ_AHEAD_BYTES)  # short at the end of the file
-            buf = await self._fetch(src, lo, hi)
-            self.fetches += 1
-            self.fetched_bytes += len(buf)
-            ahead.add(src, lo, buf)
+            ahead.add(src, lo, await self._fetch(src, lo, hi))
         log.warning("a read needed more than %d segment fetches; reading on the loop", MAX_FETCHES)
         return read()
 
@@ -159,8 +159,6 @@ class ReadPool:
                 await self._fetch(src, lo, hi)
             except OSError:
                 return
-            self.fetches += 1
-            self.fetched_bytes += hi - lo
 
     def close(self) -> None:
         """Stop the threads (waits for running fetches); a later run starts new ones."""

@@ -902,7 +902,8 @@ class WalShard:
             self._depth += 1
             if self._depth > self.metrics.queue_depth_peak:
                 self.metrics.queue_depth_peak = self._depth
-        entry.queued_at = self.clock.monotonic()
+        if entry.gather and self.commit_window_s:
+            entry.queued_at = self.clock.monotonic()  # for its window_ms
         self._q.put(entry)
 
     def write_now(self, entry: WalEntry) -> bool:
