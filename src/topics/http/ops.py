@@ -12,6 +12,7 @@ for such a key. A key without prefixes sees the whole instance.
 
 from __future__ import annotations
 
+import itertools
 import posixpath
 import time
 from collections.abc import Callable
@@ -207,77 +208,45 @@ def scheduler_stats(app: TopicsApp) -> dict[str, Any]:
     return out
 
 
-def _scheduler_lines(st: dict[str, Any]) -> list[str]:
-    """The scheduler series in Prometheus text form."""
-    lines: list[str] = []
+#: The scheduler's single-value series: (key in :func:`scheduler_stats`, series, type, help).
+_SCHEDULER_SERIES = (
+    ("pressure", "topics_scheduler_pressure", "gauge", "Governor pressure, 0 to 1."),
+    ("inline", "topics_scheduler_inline_total", "counter", "Publications served at once."),
+    ("coalesced", "topics_scheduler_coalesced_total", "counter", "Publications folded into a service."),
+    ("deferring", "topics_scheduler_deferring", "gauge", "1 while band B0 and routers are deferred."),
+    ("deferrals", "topics_scheduler_deferral_changes_total", "counter", "Deferral starts and ends."),
+    ("commit_window_ms", "topics_scheduler_commit_window_ms", "gauge", "Group-commit window."),
+    ("coalesce_window_ms", "topics_scheduler_coalesce_window_ms", "gauge", "Coalescing window."),
+    ("rejected", "topics_scheduler_throttled_total", "counter", "Writes refused with 429 under pressure."),
+    ("sse_lagged", "topics_sse_lagged", "gauge", "SSE streams lagged behind a slow reader."),
+    ("sse_lagged_total", "topics_sse_lagged_total", "counter", "SSE streams ever marked lagged."),
+)  # fmt: skip
 
-    def head(name: str, typ: str, help_: str) -> None:
-        lines.append(f"# HELP {name} {help_}")
-        lines.append(f"# TYPE {name} {typ}")
 
-    head("topics_scheduler_pressure", "gauge", "Governor pressure, 0 to 1.")
-    lines.append(f"topics_scheduler_pressure {st['pressure']}")
-    head("topics_scheduler_ready", "gauge", "Topics waiting for delivery, per band.")
-    lines += [f'topics_scheduler_ready{{band="{b}"}} {n}' for b, n in st["ready"].items()]
-    head("topics_scheduler_served_total", "counter", "Topics served from the ready set, per band.")
-    lines += [f'topics_scheduler_served_total{{band="{b}"}} {n}' for b, n in st["served"].items()]
-    head(
+def _scheduler_series(
+    metric: Callable[[str, str, str, list[tuple[str, Any]]], None], st: dict[str, Any]
+) -> None:
+    """The scheduler series in Prometheus text form, through `metric` (name, type, help, samples)."""
+    for key, name, typ, help_ in _SCHEDULER_SERIES:
+        metric(name, typ, help_, [("", st[key])])
+    for key, name, typ, help_ in (
+        ("ready", "topics_scheduler_ready", "gauge", "Topics waiting for delivery, per band."),
+        ("served", "topics_scheduler_served_total", "counter", "Topics served from the ready set, per band."),
+    ):  # fmt: skip
+        metric(name, typ, help_, [(f'{{band="{b}"}}', n) for b, n in st[key].items()])
+    lat = st["latency_ms"]
+    cumulative = list(itertools.accumulate(lat["counts"]))
+    buckets = [*map(str, lat["buckets"]), "+Inf"]
+    samples: list[tuple[str, Any]] = [
+        (f'_bucket{{le="{le}"}}', n) for le, n in zip(buckets, cumulative, strict=True)
+    ]
+    samples += [("_sum", lat["sum"]), ("_count", cumulative[-1])]
+    metric(
         "topics_scheduler_latency_ms",
         "histogram",
         "Delivery scheduling latency (marked to served).",
+        samples,
     )
-    total = 0
-    for bound, n in zip(st["latency_ms"]["buckets"], st["latency_ms"]["counts"], strict=False):
-        total += n
-        lines.append(f'topics_scheduler_latency_ms_bucket{{le="{bound}"}} {total}')
-    total += st["latency_ms"]["counts"][-1]
-    lines.append(f'topics_scheduler_latency_ms_bucket{{le="+Inf"}} {total}')
-    lines.append(f"topics_scheduler_latency_ms_sum {st['latency_ms']['sum']}")
-    lines.append(f"topics_scheduler_latency_ms_count {total}")
-    for key, name, typ, help_ in (
-        ("inline", "topics_scheduler_inline_total", "counter", "Publications served at once."),
-        (
-            "coalesced",
-            "topics_scheduler_coalesced_total",
-            "counter",
-            "Publications folded into a service.",
-        ),
-        (
-            "deferring",
-            "topics_scheduler_deferring",
-            "gauge",
-            "1 while band B0 and routers are deferred.",
-        ),
-        (
-            "deferrals",
-            "topics_scheduler_deferral_changes_total",
-            "counter",
-            "Deferral starts and ends.",
-        ),
-        ("commit_window_ms", "topics_scheduler_commit_window_ms", "gauge", "Group-commit window."),
-        (
-            "coalesce_window_ms",
-            "topics_scheduler_coalesce_window_ms",
-            "gauge",
-            "Coalescing window.",
-        ),
-        (
-            "rejected",
-            "topics_scheduler_throttled_total",
-            "counter",
-            "Writes refused with 429 under pressure.",
-        ),
-        ("sse_lagged", "topics_sse_lagged", "gauge", "SSE streams lagged behind a slow reader."),
-        (
-            "sse_lagged_total",
-            "topics_sse_lagged_total",
-            "counter",
-            "SSE streams ever marked lagged.",
-        ),
-    ):
-        head(name, typ, help_)
-        lines.append(f"{name} {int(st[key]) if isinstance(st[key], bool) else st[key]}")
-    return lines
 
 
 def storage_stats(app: TopicsApp) -> dict[str, Any]:
@@ -337,7 +306,7 @@ def render_prometheus(app: TopicsApp, principal: Principal | None = None) -> byt
     if g["scoped"]:
         return ("\n".join(lines) + "\n").encode()
     lines.extend(app.node.wal_prometheus_lines())
-    lines.extend(_scheduler_lines(scheduler_stats(app)))
+    _scheduler_series(metric, scheduler_stats(app))
     st = storage_stats(app)
     for key, name, typ, help_ in _STORAGE_SERIES:
         if key in st:
