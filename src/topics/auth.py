@@ -38,11 +38,16 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who is calling: the key digest (None in dev mode), scopes and prefixes."""
+    """Who is calling: the key digest (None in dev mode), scopes and prefixes.
+
+    `namespace` is the prefix Kafka clients of the key do not see
+    (docs/KAFKA.md, "Tenant namespaces"); "" for a key without the `ns` option.
+    """
 
     digest: bytes | None
     scopes: frozenset[str]
     prefixes: tuple[str, ...]
+    namespace: str = ""
 
     def has(self, *scopes: str) -> bool:
         return all(s in self.scopes for s in scopes)
@@ -108,7 +113,7 @@ class Authenticator:
                 found = key
         if found is None:
             return None
-        return Principal(found.digest, found.scopes, found.prefixes)
+        return Principal(found.digest, found.scopes, found.prefixes, found.namespace)
 
 
 def bearer(header: str | None) -> str | None:

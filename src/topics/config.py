@@ -69,6 +69,7 @@ class ApiKey:
     digest: bytes
     scopes: frozenset[str]
     prefixes: tuple[str, ...]
+    namespace: str = ""
 
     def allows_name(self, name: str) -> bool:
         """True if `name` starts with one of the allowlisted prefixes (or none are set)."""
@@ -79,8 +80,10 @@ def parse_api_keys(raw: str) -> tuple[ApiKey, ...]:
     """Parse `TOPICS_API_KEYS` (entry syntax: docs/API.md, "2.1 Keys").
 
     Entries are comma-separated and trimmed; each is `secret`, `secret:SCOPES`,
-    `secret:SCOPES:PREFIXES` or `secret::PREFIXES`. Raises :class:`ConfigError` on
-    an unknown scope token.
+    `secret:SCOPES:PREFIXES` or `secret::PREFIXES`. The scope token `ns` makes
+    the key's one prefix its Kafka namespace (docs/KAFKA.md, "Tenant
+    namespaces"). Raises :class:`ConfigError` on an unknown scope token, or on
+    `ns` without exactly one prefix.
     """
     keys: list[ApiKey] = []
     for entry in raw.split(","):
@@ -93,9 +96,13 @@ def parse_api_keys(raw: str) -> tuple[ApiKey, ...]:
             continue
         scopes: set[str] = set()
         scope_field = parts[1] if len(parts) > 1 else ""
+        namespaced = False
         for tok in scope_field.split("+"):
             tok = tok.strip().lower()
             if not tok:
+                continue
+            if tok == "ns":
+                namespaced = True
                 continue
             if tok not in _SCOPE_TOKENS:
                 raise ConfigError(f"TOPICS_API_KEYS: unknown scope token {tok!r}")
@@ -103,11 +110,14 @@ def parse_api_keys(raw: str) -> tuple[ApiKey, ...]:
         prefixes: tuple[str, ...] = ()
         if len(parts) > 2:
             prefixes = tuple(p.strip() for p in parts[2].split("|") if p.strip())
+        if namespaced and len(prefixes) != 1:
+            raise ConfigError("TOPICS_API_KEYS: the ns option needs exactly one prefix")
         keys.append(
             ApiKey(
                 digest=hashlib.sha256(secret.encode()).digest(),
                 scopes=frozenset(scopes) if scopes else ALL_SCOPES,
                 prefixes=prefixes,
+                namespace=prefixes[0] if namespaced else "",
             )
         )
     return tuple(keys)

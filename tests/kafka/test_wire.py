@@ -312,25 +312,33 @@ def test_create_and_delete_topics(kserver: KafkaProcess, raw: Raw) -> None:
             topic(t2, parts=3),
             topic(t3, configs=[("bogus", "1")]),
             topic("bad name!"),
+            topic(f"{t3}:1"),
+            topic(name("ct"), parts=0),
         ],
     )
-    codes = {r.name: r.error_code for r in resp.topics}
-    assert codes == {
-        t1: 0,
-        t2: E.INVALID_PARTITIONS,
-        t3: E.INVALID_CONFIG,
-        "bad name!": E.INVALID_TOPIC_EXCEPTION,
-    }
+    codes = [r.error_code for r in resp.topics]
+    assert codes == [
+        0,
+        0,
+        E.INVALID_CONFIG,
+        E.INVALID_TOPIC_EXCEPTION,
+        E.INVALID_TOPIC_EXCEPTION,  # a name ending in :<n> names a partition
+        E.INVALID_PARTITIONS,
+    ]
+    assert resp.topics[1].num_partitions == 3
+    # the three partitions of t2 are the /v0 topics t2, t2:1, t2:2
+    for stored in (t2, f"{t2}:1", f"{t2}:2"):
+        assert httpx.get(f"{kserver.base}/v0/topics/{stored}").status_code == 200
     cfg = httpx.get(f"{kserver.base}/v0/topics/{t1}").json()["config"]
     assert cfg["durability"] == "fsync" and cfg["ttl_ms"] == 60000
     again = raw.call(P.CREATE_TOPICS, 5, timeout_ms=5000, validate_only=False, topics=[topic(t1)])
     assert again.topics[0].error_code == E.TOPIC_ALREADY_EXISTS
     resp = raw.call(P.DELETE_TOPICS, 4, topic_names=[t1, t2], timeout_ms=5000)
-    assert {r.name: r.error_code for r in resp.responses} == {
-        t1: 0,
-        t2: E.UNKNOWN_TOPIC_OR_PARTITION,
-    }
-    assert httpx.get(f"{kserver.base}/v0/topics/{t1}").status_code == 404
+    assert {r.name: r.error_code for r in resp.responses} == {t1: 0, t2: 0}
+    for stored in (t1, t2, f"{t2}:1", f"{t2}:2"):
+        assert httpx.get(f"{kserver.base}/v0/topics/{stored}").status_code == 404
+    resp = raw.call(P.DELETE_TOPICS, 4, topic_names=[t2], timeout_ms=5000)
+    assert resp.responses[0].error_code == E.UNKNOWN_TOPIC_OR_PARTITION
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """Fetch and ListOffsets: reading a topic as a Kafka partition (docs/KAFKA.md).
 
-A Kafka topic is the topics topic of the same name with exactly one
-partition, 0. Kafka offset = seq - 1; the high watermark (and last stable
+Each partition of a Kafka topic is its own `/v0` topic (docs/KAFKA.md,
+"Partitions"; :meth:`~topics.kafka.broker.ConnState.stored`). Kafka offset = seq - 1; the high watermark (and last stable
 offset) is `head_seq`; the log start offset is `earliest_seq - 1`. Deleted
 records are skipped in fetches (offset gaps, as in compacted Kafka topics). A
 fetch below `evict_floor - 1` (records lost to a cap, TTL or source trim:
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from topics.config import SCOPE_READ
 from topics.kafka import errors as E
 from topics.kafka import protocol as P
+from topics.kafka.naming import kafka_name_ok
 from topics.kafka.records import append_time_batches, to_kafka
 from topics.storage.reads import history_gate, read_pool
 
@@ -33,14 +34,16 @@ FETCH_MAX_WAIT_S = 30.0
 
 def _readable(
     broker: Broker, conn: ConnState, name: str, index: int
-) -> tuple[int, Partition | None]:
-    """(error code, watermarks) of partition `index` of `name` for a reader."""
-    if not broker.allowed(conn, SCOPE_READ, name):
-        return E.TOPIC_AUTHORIZATION_FAILED, None
-    part = broker.backend.partition(name) if index == 0 else None
+) -> tuple[int, Partition | None, str]:
+    """(error code, watermarks, stored name) of partition `index` of Kafka topic
+    `name` for a reader."""
+    stored = conn.stored(name, index)
+    if not broker.allowed(conn, SCOPE_READ, conn.stored(name)):
+        return E.TOPIC_AUTHORIZATION_FAILED, None, stored
+    part = broker.backend.partition(stored) if index >= 0 and kafka_name_ok(name) else None
     if part is None:
-        return E.UNKNOWN_TOPIC_OR_PARTITION, None
-    return E.NONE, part
+        return E.UNKNOWN_TOPIC_OR_PARTITION, None, stored
+    return E.NONE, part, stored
 
 
 def _read_partition(
@@ -49,7 +52,7 @@ def _read_partition(
     """One partition of a fetch: (error code, high watermark, log start - 1, record batch)."""
     hw = lso = -1
     records = b""
-    err, part = _readable(broker, conn, name, fp.partition)
+    err, part, stored = _readable(broker, conn, name, fp.partition)
     if part is not None:
         hw = part.head_seq
         lso = part.earliest_seq - 1
@@ -57,7 +60,7 @@ def _read_partition(
         if off > hw or off < 0 or off + 1 < part.evict_floor:
             err = E.OFFSET_OUT_OF_RANGE
         elif off < hw and (room > 0 or first):
-            got = broker.backend.read(name, max(off, lso), max(room, 1))
+            got = broker.backend.read(stored, max(off, lso), max(room, 1))
             if got:
                 records = append_time_batches(
                     [(rec.seq - 1, rec.ts, *to_kafka(rec.tag, rec.data, rec.meta)) for rec in got],
@@ -85,7 +88,7 @@ async def _fetch_pass(
         name = ft.topic
         prs = []
         for fp in ft.partitions:
-            t = broker.backend.engine.get(name)
+            t = broker.backend.engine.get(conn.stored(name, fp.partition))
             if t is not None and t.head_seq - fp.fetch_offset > HISTORY_RECORDS:
                 await history_gate.turn()
             room = min(fp.partition_max_bytes, budget - total)
@@ -134,7 +137,7 @@ async def fetch(broker: Broker, conn: ConnState, req: Any, v: int) -> Any:
         )
     loop = asyncio.get_running_loop()
     deadline = loop.time() + min(max(req.max_wait_ms, 0) / 1000, FETCH_MAX_WAIT_S)
-    names = [ft.topic for ft in req.topics]
+    names = [conn.stored(ft.topic, fp.partition) for ft in req.topics for fp in ft.partitions]
     while True:
         out, total, errors = await _fetch_pass(broker, conn, req, v)
         remaining = deadline - loop.time()
@@ -191,7 +194,7 @@ def list_offsets(broker: Broker, conn: ConnState, req: Any, v: int) -> Any:
         prs = []
         for p in t.partitions:
             offset = ts = -1
-            err, part = _readable(broker, conn, t.name, p.partition_index)
+            err, part, stored = _readable(broker, conn, t.name, p.partition_index)
             if part is not None:
                 want = p.timestamp
                 if want == -1:
@@ -199,11 +202,11 @@ def list_offsets(broker: Broker, conn: ConnState, req: Any, v: int) -> Any:
                 elif want in (-2, -4):
                     offset = part.earliest_seq - 1
                 elif want == -3:
-                    rec = backend.last_record(t.name)
+                    rec = backend.last_record(stored)
                     if rec is not None:
                         offset, ts = rec.seq - 1, rec.ts
                 elif want >= 0:
-                    rec = backend.seq_for_time(t.name, want)
+                    rec = backend.seq_for_time(stored, want)
                     if rec is not None:
                         offset, ts = rec.seq - 1, rec.ts
                 else:

@@ -1,4 +1,7 @@
-"""Metadata: the topics a key may see, each with its one partition led by this node.
+"""Metadata: the topics a key may see, each with its partitions, all led by this node.
+
+Names are the connection's Kafka names: its namespace is stripped and each
+topic lists the partitions its stored run holds (docs/KAFKA.md, "Partitions").
 
 A topic is created on first use the way Kafka's `auto.create.topics.enable`
 does it (docs/KAFKA.md "Topics, partitions and offsets"): a Metadata request
@@ -16,6 +19,7 @@ from topics.config import SCOPE_READ, SCOPE_WRITE
 from topics.kafka import errors as E
 from topics.kafka import protocol as P
 from topics.kafka.backend import BackendError
+from topics.kafka.naming import kafka_name_ok
 
 if TYPE_CHECKING:
     from topics.kafka.broker import Broker, ConnState
@@ -51,8 +55,13 @@ async def metadata(broker: Broker, conn: ConnState, req: Any, v: int) -> Any:
     backend = broker.backend
     names: list[str]
     requested = req.topics
+    ns = conn.namespace
     if requested is None or (v == 0 and not requested):
-        names = [n for n in backend.names() if _visible(broker, conn, n)]
+        names = [
+            n[len(ns) :]
+            for n in backend.names()
+            if n.startswith(ns) and len(n) > len(ns) and _visible(broker, conn, n)
+        ]
         explicit = False
     else:
         names = [t.name for t in requested if t.name is not None]
@@ -61,31 +70,33 @@ async def metadata(broker: Broker, conn: ConnState, req: Any, v: int) -> Any:
     topics = []
     for name in names:
         err = E.NONE
-        if explicit and not _visible(broker, conn, name):
+        stored = conn.stored(name)
+        if explicit and not _visible(broker, conn, stored):
             err = E.TOPIC_AUTHORIZATION_FAILED
-        elif backend.partition(name) is None:
+        elif not kafka_name_ok(name) or not backend.valid_name(stored):
+            err = E.INVALID_TOPIC_EXCEPTION
+        elif backend.partition(stored) is None:
             err = E.UNKNOWN_TOPIC_OR_PARTITION
-            if not backend.valid_name(name):
-                err = E.INVALID_TOPIC_EXCEPTION
-            elif auto and broker.allowed(conn, SCOPE_WRITE, name):
+            if auto and broker.allowed(conn, SCOPE_WRITE, stored):
                 try:
-                    await backend.create(name, {})
+                    await backend.create(stored, {})
                     err = E.NONE
                 except BackendError as exc:
-                    log.info("kafka: auto-create of %r refused: %s", name, exc.message)
+                    log.info("kafka: auto-create of %r refused: %s", stored, exc.message)
                     err = E.from_engine(E.AUTO_CREATE, exc.code, exc.status)
         parts = []
         if err == E.NONE:
             parts = [
                 Part(
                     error_code=E.NONE,
-                    partition_index=0,
+                    partition_index=i,
                     leader_id=NODE_ID,
                     leader_epoch=0,
                     replica_nodes=[NODE_ID],
                     isr_nodes=[NODE_ID],
                     offline_replicas=[],
                 )
+                for i in range(backend.partition_count(stored))
             ]
         topics.append(T(error_code=err, name=name, is_internal=False, partitions=parts))
     return R(

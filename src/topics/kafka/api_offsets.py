@@ -4,7 +4,8 @@ Offsets are kept durably by :class:`~topics.kafka.offsets.OffsetStore`
 (docs/KAFKA.md "Consumer groups"): an OffsetCommit is answered after its
 fsync. Both APIs need the `read` scope for the group
 (GROUP_AUTHORIZATION_FAILED) and on each topic (TOPIC_AUTHORIZATION_FAILED);
-committed offsets are per tenant.
+committed offsets are per tenant. Offsets are kept under the Kafka names the
+client uses (its namespace stripped: docs/KAFKA.md, "Tenant namespaces").
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from topics.config import SCOPE_READ
 from topics.kafka import errors as E
 from topics.kafka import protocol as P
 from topics.kafka.backend import BackendError
+from topics.kafka.naming import kafka_name_ok
 
 if TYPE_CHECKING:
     from topics.kafka.broker import Broker, ConnState
@@ -51,9 +53,13 @@ async def offset_commit(broker: Broker, conn: ConnState, req: Any, v: int) -> An
             key = (t.name, p.partition_index)
             if gate != E.NONE:
                 codes[key] = gate
-            elif not broker.allowed(conn, SCOPE_READ, t.name):
+            elif not broker.allowed(conn, SCOPE_READ, conn.stored(t.name)):
                 codes[key] = E.TOPIC_AUTHORIZATION_FAILED
-            elif p.partition_index != 0 or broker.backend.partition(t.name) is None:
+            elif (
+                p.partition_index < 0
+                or not kafka_name_ok(t.name)
+                or broker.backend.partition(conn.stored(t.name, p.partition_index)) is None
+            ):
                 codes[key] = E.UNKNOWN_TOPIC_OR_PARTITION
             else:
                 codes[key] = E.NONE
@@ -95,7 +101,7 @@ def offset_fetch(broker: Broker, conn: ConnState, req: Any, v: int) -> Any:
     if req.topics is None:
         by: dict[str, list[int]] = {}
         for name, idx in broker.offsets.committed_partitions(conn.tenant, req.group_id):
-            if broker.allowed(conn, SCOPE_READ, name):
+            if broker.allowed(conn, SCOPE_READ, conn.stored(name)):
                 by.setdefault(name, []).append(idx)
         wanted = list(by.items())
     else:
@@ -104,7 +110,7 @@ def offset_fetch(broker: Broker, conn: ConnState, req: Any, v: int) -> Any:
     for name, idxs in wanted:
         prs = []
         for idx in idxs:
-            if not broker.allowed(conn, SCOPE_READ, name):
+            if not broker.allowed(conn, SCOPE_READ, conn.stored(name)):
                 prs.append(
                     PR(
                         partition_index=idx,

@@ -1,6 +1,7 @@
 """Produce and InitProducerId: writing Kafka record batches as topics records.
 
-Each partition's batches are decoded, mapped to records (docs/KAFKA.md
+Each partition (its own `/v0` topic: docs/KAFKA.md, "Partitions") has its
+batches decoded, mapped to records (docs/KAFKA.md
 "Records") and staged as atomic engine writes before the handler's first
 await, so requests pipelined on one connection get their offsets in arrival
 order. The answer waits for each write's durability-class commit point,
@@ -26,6 +27,7 @@ from topics.config import SCOPE_WRITE
 from topics.kafka import errors as E
 from topics.kafka import protocol as P
 from topics.kafka.backend import BackendError, Staged
+from topics.kafka.naming import kafka_name_ok
 from topics.kafka.producers import Duplicate
 from topics.kafka.records import RecordError, decode_batches, to_new_records
 from topics.storage.reads import history_gate
@@ -54,14 +56,16 @@ class _Part:
 def _stage_partition(
     broker: Broker, conn: ConnState, name: str, index: int, raw: bytes | None
 ) -> _Part:
-    """Validate and stage one partition's batches synchronously (no await)."""
+    """Validate and stage partition `index` of Kafka topic `name` synchronously (no await)."""
     res = _Part(index)
-    if not broker.allowed(conn, SCOPE_WRITE, name):
+    if not broker.allowed(conn, SCOPE_WRITE, conn.stored(name)):
         res.error = E.TOPIC_AUTHORIZATION_FAILED
         return res
     b = broker.backend
-    part = b.partition(name)
-    if index != 0 or part is None:
+    ok_name = kafka_name_ok(name)
+    name = conn.stored(name, index)
+    part = b.partition(name) if index >= 0 and ok_name else None
+    if part is None:
         res.error = E.UNKNOWN_TOPIC_OR_PARTITION
         return res
     try:
@@ -163,7 +167,7 @@ async def produce(broker: Broker, conn: ConnState, req: Any, v: int) -> Any:
                     broker.seqs.forget(pid, inst)
                 if r.error == E.NONE:
                     r.error = E.from_engine(E.WRITE, E.NOT_COMMITTED)
-            part = broker.backend.partition(name)
+            part = broker.backend.partition(conn.stored(name, r.index)) if r.index >= 0 else None
             good = r.error == E.NONE
             prs.append(
                 PR(
@@ -175,7 +179,7 @@ async def produce(broker: Broker, conn: ConnState, req: Any, v: int) -> Any:
                 )
             )
         out.append(TR(name=name, partition_responses=prs))
-    throttle = _throttle_ms(broker, [t.name for t in req.topic_data])
+    throttle = _throttle_ms(broker, [conn.stored(t.name) for t in req.topic_data])
     if throttle:
         # Kafka's own way to pace a producer: the answer comes that much later and
         # says so in throttle_time_ms (docs/KAFKA.md "Produce acknowledgements").

@@ -103,6 +103,8 @@ APIS: dict[int, Api] = {
     P.API_VERSIONS: Api(0, 3, api_versions, error_only(P.API_VERSIONS), pre_auth=True),
     P.CREATE_TOPICS: Api(2, 7, api_admin.create_topics, api_admin.refuse_create_topics),
     P.DELETE_TOPICS: Api(1, 5, api_admin.delete_topics, api_admin.refuse_delete_topics),
+    P.DELETE_RECORDS: Api(0, 2, api_admin.delete_records, api_admin.refuse_delete_records),
+    P.CREATE_PARTITIONS: Api(0, 3, api_admin.create_partitions, api_admin.refuse_create_partitions),
     P.INIT_PRODUCER_ID: Api(0, 4, api_produce.init_producer_id, error_only(P.INIT_PRODUCER_ID)),
     P.SASL_AUTHENTICATE: Api(
         0, 2, api_sasl.sasl_authenticate, error_only(P.SASL_AUTHENTICATE), pre_auth=True

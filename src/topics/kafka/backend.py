@@ -26,6 +26,7 @@ from topics.engine.core import Engine, WriteRequest
 from topics.engine.names import valid_topic_name
 from topics.engine.records import NewRecord
 from topics.errors import TopicsError
+from topics.kafka.naming import SEP, is_partition_name, partition_name
 from topics.node import Node, wait_published
 
 __all__ = ["KafkaBackend", "BackendError", "Partition", "Stored", "Staged"]
@@ -111,8 +112,37 @@ class KafkaBackend:
         return valid_topic_name(name)
 
     def names(self) -> list[str]:
-        """Every topic name except the listener's internal ones, sorted."""
-        return sorted(n for n in self.engine.topics if n not in self.hidden)
+        """Every stored name that is a Kafka topic (partition 0), internal ones
+        excepted, sorted (docs/KAFKA.md, "Partitions")."""
+        return sorted(
+            n for n in self.engine.topics if n not in self.hidden and not is_partition_name(n)
+        )
+
+    def partition_count(self, base: str) -> int:
+        """Partitions of the Kafka topic stored as `base`: the length of the run
+        `base`, `base:1`, `base:2`, ... of existing topics (0 when `base` is absent)."""
+        topics = self.engine.topics
+        if base not in topics:
+            return 0
+        n = 1
+        while partition_name(base, n) in topics:
+            n += 1
+        return n
+
+    def partition_topics(self, base: str) -> list[str]:
+        """Every existing stored name `base:<n>` (n >= 1), in partition order, gaps included."""
+        head = base + SEP
+        found = [
+            n
+            for n in self.engine.topics
+            if n.startswith(head) and is_partition_name(n) and n.rfind(SEP) == len(base)
+        ]
+        return sorted(found, key=lambda n: int(n[len(head) :]))
+
+    def config_body(self, name: str) -> dict[str, Any] | None:
+        """The `/v0` config object of `name` (docs/API.md, "5. The topic config object"), or None."""
+        t = self.engine.get(name)
+        return None if t is None else dict(t.config.to_wire())
 
     def partition(self, name: str) -> Partition | None:
         """Watermarks of `name` (retention applied first), or None when absent."""

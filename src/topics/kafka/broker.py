@@ -28,6 +28,7 @@ from topics.kafka import protocol as P
 from topics.kafka.apis import APIS, api_versions_response
 from topics.kafka.backend import KafkaBackend
 from topics.kafka.groups import Coordinator
+from topics.kafka.naming import partition_name
 from topics.kafka.offsets import OffsetStore
 from topics.kafka.producers import ProducerIds, SequenceTable
 
@@ -52,9 +53,26 @@ class ConnState:
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 
     @property
-    def tenant(self) -> str:
+    def namespace(self) -> str:
+        """The prefix this connection's topic names are stored under ("" for none)."""
         p = self.principal
-        return p.digest.hex()[:16] if p is not None and p.digest is not None else ""
+        return p.namespace if p is not None else ""
+
+    @property
+    def tenant(self) -> str:
+        """Whose groups and committed offsets these are: `ns:<namespace>` for a
+        namespaced key (every key of the namespace shares them), else the key."""
+        p = self.principal
+        if p is None:
+            return ""
+        if p.namespace:
+            return "ns:" + p.namespace
+        return p.digest.hex()[:16] if p.digest is not None else ""
+
+    def stored(self, topic: str, partition: int = 0) -> str:
+        """The `/v0` topic holding `partition` of Kafka topic `topic` for this
+        connection (docs/KAFKA.md, "Partitions")."""
+        return partition_name(self.namespace + topic, partition)
 
 
 @dataclass(slots=True, eq=False)

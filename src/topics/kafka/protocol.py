@@ -23,8 +23,12 @@ from typing import Any
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     from kafka.protocol.admin import (
+        CreatePartitionsRequest,
+        CreatePartitionsResponse,
         CreateTopicsRequest,
         CreateTopicsResponse,
+        DeleteRecordsRequest,
+        DeleteRecordsResponse,
         DeleteTopicsRequest,
         DeleteTopicsResponse,
     )
@@ -95,8 +99,10 @@ SASL_HANDSHAKE = 17
 API_VERSIONS = 18
 CREATE_TOPICS = 19
 DELETE_TOPICS = 20
+DELETE_RECORDS = 21
 INIT_PRODUCER_ID = 22
 SASL_AUTHENTICATE = 36
+CREATE_PARTITIONS = 37
 
 REQUESTS: dict[int, Any] = {
     PRODUCE: ProduceRequest,
@@ -114,8 +120,10 @@ REQUESTS: dict[int, Any] = {
     API_VERSIONS: ApiVersionsRequest,
     CREATE_TOPICS: CreateTopicsRequest,
     DELETE_TOPICS: DeleteTopicsRequest,
+    DELETE_RECORDS: DeleteRecordsRequest,
     INIT_PRODUCER_ID: InitProducerIdRequest,
     SASL_AUTHENTICATE: SaslAuthenticateRequest,
+    CREATE_PARTITIONS: CreatePartitionsRequest,
 }
 
 RESPONSES: dict[int, Any] = {
@@ -134,8 +142,10 @@ RESPONSES: dict[int, Any] = {
     API_VERSIONS: ApiVersionsResponse,
     CREATE_TOPICS: CreateTopicsResponse,
     DELETE_TOPICS: DeleteTopicsResponse,
+    DELETE_RECORDS: DeleteRecordsResponse,
     INIT_PRODUCER_ID: InitProducerIdResponse,
     SASL_AUTHENTICATE: SaslAuthenticateResponse,
+    CREATE_PARTITIONS: CreatePartitionsResponse,
 }
 
 API_NAMES: dict[int, str] = {k: v.__name__.removesuffix("Request") for k, v in REQUESTS.items()}
