@@ -173,3 +173,79 @@ def test_kafka_records_reach_a_router_dest_live(kserver: KafkaProcess) -> None:
     assert produce("confluent", kserver.bootstrap, src, sent) == list(range(4))
     got = asyncio.run(sse_records(kserver.base, dst, 4))
     assert [rec["data"] for rec in got[:4]] == [{"n": 0}, {"n": 1}, {"n": 2}, {"n": 3}]
+
+
+NS_KEYS = (
+    "na-secret:rw+a+d+ns:tenantA.,nb-secret:rw+a+d+ns:tenantB.,"
+    "na-reader:r+ns:tenantA.,plain-admin:rw+a+d"
+)
+
+
+@pytest.fixture(scope="module")
+def namespaces(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaProcess]:
+    srv = KafkaProcess(Path(tmp_path_factory.mktemp("ns")), {"TOPICS_API_KEYS": NS_KEYS})
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_namespaced_tenants_share_plain_names(namespaces: KafkaProcess, client: str) -> None:
+    """Two tenants whose keys carry the `ns` option both use the plain name `orders-…`:
+    each sees only its own data, offsets and groups; over HTTP the same key reaches
+    the stored name under its namespace and nothing else (docs/KAFKA.md, "Tenant
+    namespaces")."""
+    from tests.kafka.support import group_consume
+
+    a, b, a_reader = ("alice", "na-secret"), ("bob", "nb-secret"), ("ann", "na-reader")
+    topic, group = name(f"orders-{client}"), name("billing")
+    bs = namespaces.bootstrap
+    assert produce(client, bs, topic, [(None, b'{"t":"a","n":0}', [])], sasl=a) == [0]
+    assert produce(client, bs, topic, [(None, b'{"t":"b","n":0}', [])], sasl=b) == [0]
+    # Plain names in metadata, never the prefix, never the other tenant's topics.
+    seen_a, seen_b = list_topics(client, bs, sasl=a), list_topics(client, bs, sasl=b)
+    assert topic in seen_a and topic in seen_b
+    assert not any(t.startswith("tenant") for t in seen_a | seen_b)
+    # Data: the same name reads each tenant's own record.
+    assert [m.value for m in consume_assign(client, bs, topic, 0, 1, sasl=a)] == [
+        b'{"t":"a","n":0}'
+    ]
+    assert [m.value for m in consume_assign(client, bs, topic, 0, 1, sasl=b)] == [
+        b'{"t":"b","n":0}'
+    ]
+    # Groups and offsets: A's group commits past its record; B's group of the same
+    # id still starts at offset 0. Another key of namespace A shares A's group.
+    assert [m.offset for m in group_consume(client, bs, topic, group, 1, sasl=a)] == [0]
+    assert [m.offset for m in group_consume(client, bs, topic, group, 1, sasl=b)] == [0]
+    assert produce(client, bs, topic, [(None, b'{"t":"a","n":1}', [])], sasl=a) == [1]
+    got = group_consume(client, bs, topic, group, 1, sasl=a_reader)
+    assert [(m.offset, m.value) for m in got] == [(1, b'{"t":"a","n":1}')]
+    # HTTP: the key addresses the stored names under its namespace, only those.
+    h_a = {"authorization": "Bearer na-secret"}
+    h_b = {"authorization": "Bearer nb-secret"}
+    url = f"{namespaces.base}/v0/topics/tenantA.{topic}/diff"
+    r = httpx.post(url, json={"from_seq": 0}, headers=h_a)
+    assert r.status_code == 200 and [x["data"]["t"] for x in r.json()["records"]] == ["a", "a"]
+    r = httpx.post(url, json={"from_seq": 0}, headers=h_b)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
+    r = httpx.get(f"{namespaces.base}/v0/topics/tenantB.{topic}", headers=h_b)
+    assert r.status_code == 200 and r.json()["head_seq"] == 1
+    # A key without a namespace sees the stored names as they are.
+    seen_admin = list_topics(client, bs, sasl=("root", "plain-admin"))
+    assert {f"tenantA.{topic}", f"tenantB.{topic}"} <= seen_admin
+
+
+def test_namespace_partitions_live_under_the_prefix(namespaces: KafkaProcess) -> None:
+    """A namespaced CreateTopics of three partitions stores tenantA.T, tenantA.T:1, tenantA.T:2."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from tests.kafka.support import ck_conf
+
+    topic = name("parts")
+    admin = AdminClient(ck_conf(namespaces.bootstrap, ("alice", "na-secret")))
+    for fut in admin.create_topics([NewTopic(topic, 3, 1)]).values():
+        fut.result(10)
+    md = admin.list_topics(topic=topic, timeout=10)
+    assert sorted(md.topics[topic].partitions) == [0, 1, 2]
+    h = {"authorization": "Bearer na-secret"}
+    for stored in (f"tenantA.{topic}", f"tenantA.{topic}:1", f"tenantA.{topic}:2"):
+        assert httpx.get(f"{namespaces.base}/v0/topics/{stored}", headers=h).status_code == 200

@@ -109,3 +109,17 @@ def test_scheduler_mode() -> None:
     assert load_config({"TOPICS_SCHEDULER": " FIFO "}).scheduler == "fifo"
     with pytest.raises(ConfigError, match="^TOPICS_SCHEDULER="):
         load_config({"TOPICS_SCHEDULER": "lottery"})
+
+
+def test_the_ns_key_option_names_a_kafka_namespace() -> None:
+    """`ns` among the scope tokens makes the key's one prefix its Kafka namespace
+    (docs/KAFKA.md, "Tenant namespaces"); it adds no scope of its own."""
+    from topics.config import ALL_SCOPES, SCOPE_READ, parse_api_keys
+
+    a, b, c = parse_api_keys("s1:rw+ns:tenantA.,s2:ns:tenantB.,s3:r:shared.")
+    assert a.namespace == "tenantA." and a.prefixes == ("tenantA.",)
+    assert b.namespace == "tenantB." and b.scopes == ALL_SCOPES
+    assert c.namespace == "" and c.scopes == frozenset({SCOPE_READ})
+    for bad in ("s1:rw+ns", "s1:ns:a.|b."):
+        with pytest.raises(ConfigError, match="ns option"):
+            parse_api_keys(bad)
