@@ -183,6 +183,8 @@ class ServerConfig:
     kafka_max_frame_bytes: int = 67_108_864
     kafka_idle_timeout_ms: int = 600_000
     kafka_frame_timeout_ms: int = 30_000
+    # Codec of the record batches Fetch answers carry (docs/KAFKA.md "Records").
+    kafka_fetch_compression: str = "none"
     # HTTP connection guards (README "Configuration"): a request head must arrive
     # within `http_header_timeout_ms`; open connections are capped per process and
     # per client address (`0` turns a guard off).
@@ -203,6 +205,9 @@ class ServerConfig:
 PORT_MAX = 65535
 #: Values of TOPICS_SCHEDULER; the first is the default.
 SCHEDULERS = ("priority", "fifo")
+
+#: `TOPICS_KAFKA_FETCH_COMPRESSION` values, in Kafka's codec-id order (0 = none).
+KAFKA_CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
 
 
 def parse_port(raw: str, what: str) -> int:
@@ -378,6 +383,12 @@ def load_config(env: Mapping[str, str] | None = None) -> ServerConfig:
             "kafka_max_frame_bytes": 1,
         },
     )
+    fetch_codec = env.get("TOPICS_KAFKA_FETCH_COMPRESSION", "").strip().lower() or "none"
+    if fetch_codec not in KAFKA_CODECS:
+        raise ConfigError(
+            f"TOPICS_KAFKA_FETCH_COMPRESSION={fetch_codec!r}: expected one of "
+            + ", ".join(KAFKA_CODECS)
+        )
     scheduler = env.get("TOPICS_SCHEDULER", "").strip().lower() or "priority"
     if scheduler not in SCHEDULERS:
         raise ConfigError(
@@ -398,5 +409,6 @@ def load_config(env: Mapping[str, str] | None = None) -> ServerConfig:
         log_level=(env.get("TOPICS_LOG") or env.get("RUST_LOG") or "info").strip().lower(),
         kafka_port=kafka_port,
         kafka_advertised=env.get("TOPICS_KAFKA_ADVERTISED", "").strip() or None,
+        kafka_fetch_compression=fetch_codec,
         **ints,
     )

@@ -65,6 +65,7 @@ def _read_partition(
                 records = append_time_batches(
                     [(rec.seq - 1, rec.ts, *to_kafka(rec.tag, rec.data, rec.meta)) for rec in got],
                     max(room, 1),
+                    broker.backend.fetch_codec,
                 )
     return err, hw, lso, records
 

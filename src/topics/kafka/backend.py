@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from topics.config import KAFKA_CODECS
 from topics.engine.core import Engine, WriteRequest
 from topics.engine.names import valid_topic_name
 from topics.engine.records import NewRecord
@@ -104,6 +105,8 @@ class KafkaBackend:
         self.max_tag_bytes = lim.max_tag_bytes
         self.max_meta_bytes = lim.max_meta_bytes
         self.max_record_bytes = lim.max_record_bytes
+        #: Kafka codec id of fetched batches (docs/KAFKA.md "Records").
+        self.fetch_codec = KAFKA_CODECS.index(node.config.kafka_fetch_compression)
 
     # ----------------------------------------------------------------- topics
 
@@ -191,6 +194,22 @@ class KafkaBackend:
             raise _wrap(exc) from None
         await self._barrier()
         return bool(res.get("deleted"))
+
+    async def reconfigure(self, name: str, config: dict[str, Any]) -> None:
+        """Replace the whole config of the existing topic `name` with a `/v0` config
+        body, as `PUT /v0/topics/:topic` does (docs/API.md, "6.1 `PUT /v0/topics/:topic`":
+        a field left out goes back to its default). Returns once the change is durable.
+
+        Raises :class:`BackendError`: 404 topic_not_found when `name` is absent,
+        400 a bad config, 409 a `type` change, 500 the change could not be logged.
+        """
+        if self.engine.get(name) is None:
+            raise BackendError(404, "topic_not_found", f"topic {name!r} does not exist")
+        try:
+            self.engine.put_topic(name, config)
+        except TopicsError as exc:
+            raise _wrap(exc) from None
+        await self._barrier()
 
     # ------------------------------------------------------------------ write
 

@@ -370,14 +370,19 @@ class BatchWriter:
     The batch is typed LogAppendTime (docs/KAFKA.md "Records"): a client reads
     every record's time from the batch's maxTimestamp, so the records of one
     batch must share their `$ts` (see :func:`append_time_batches`).
+
+    `codec` is Kafka's codec id (0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd): the
+    records section is compressed with it when the batch is built. The byte
+    limit applies to the uncompressed records.
     """
 
-    __slots__ = ("_b", "_base", "count", "_limit")
+    __slots__ = ("_b", "_base", "count", "_limit", "_codec")
 
-    def __init__(self, base_offset: int, max_bytes: int) -> None:
-        self._b = DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, max(max_bytes, 1))
+    def __init__(self, base_offset: int, max_bytes: int, codec: int = 0) -> None:
+        self._b = DefaultRecordBatchBuilder(2, codec, 0, -1, -1, -1, max(max_bytes, 1))
         self._base = base_offset
         self._limit = max_bytes
+        self._codec = codec
         self.count = 0
 
     def add(
@@ -403,7 +408,7 @@ class BatchWriter:
             if self.count:
                 return False
             # A single record larger than the limit: rebuild with room for it.
-            self._b = DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, (1 << 31) - 1)
+            self._b = DefaultRecordBatchBuilder(2, self._codec, 0, -1, -1, -1, (1 << 31) - 1)
             self._b.append(offset - self._base, ts, key, value, headers)
         self.count += 1
         return True
@@ -420,12 +425,15 @@ class BatchWriter:
 
 
 def append_time_batches(
-    records: list[tuple[int, int, bytes | None, bytes | None, list[Header]]], max_bytes: int
+    records: list[tuple[int, int, bytes | None, bytes | None, list[Header]]],
+    max_bytes: int,
+    codec: int = 0,
 ) -> bytes:
     """Fetch batches for `(offset, ts, key, value, headers)` records in offset order:
     a new batch wherever the append time changes, so LogAppendTime stays exact per
     record. Stops before the record that would pass `max_bytes` (the first is
-    always taken, KIP-74)."""
+    always taken, KIP-74). Each batch is compressed with `codec` (a Kafka codec
+    id, see :class:`BatchWriter`)."""
     out: list[bytes] = []
     used = 0
     w: BatchWriter | None = None
@@ -440,7 +448,7 @@ def append_time_batches(
             if out and room <= _BATCH_OVERHEAD:
                 w = None
                 break
-            w = BatchWriter(off, max(room, 1))
+            w = BatchWriter(off, max(room, 1), codec)
             ts_now = ts
         if not w.add(off, ts, key, value, headers):
             if w.count:
