@@ -104,8 +104,11 @@ class Node:
     :class:`~topics.storage.runtime.Storage`, None in memory mode or before
     :meth:`start`), `wal` (the WAL journal the engine commits through, None in
     memory mode), `ready` (False while recovery runs: data routes answer 503),
-    `replay_progress` (0.0-1.0) and `started` (``time.monotonic()`` at
-    construction, s).
+    `replay_progress` (0.0-1.0), `started` (``time.monotonic()`` at
+    construction, s) and `shell_metrics` (sections a shell adds to
+    `/v0/metrics`: name -> a function returning that section's JSON object;
+    the Kafka listener registers `"kafka"` while it runs, so the HTTP shell can
+    show it without importing the Kafka shell).
 
     `durable` False is memory mode: nothing is read or written on disk and
     the node is ready at once. `fs` is the filesystem durable storage goes
@@ -147,6 +150,7 @@ class Node:
         self.ready = not durable
         self.replay_progress = 0.0 if durable else 1.0
         self.started = time.monotonic()
+        self.shell_metrics: dict[str, Callable[[], dict[str, Any]]] = {}
         self.router_retry_s = router_retry_s
         self._lock: DataDirLock | None = None
         self._tasks: list[asyncio.Task[None]] = []

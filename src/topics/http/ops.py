@@ -6,8 +6,14 @@ instance only: the topics whose names its prefixes allow (counts, classes, live
 records and bytes, queue figures and the per-topic series), the routers whose
 name, source and dest are all allowed, its own watch sessions and streaming
 connections. Instance-wide
-internals that are not per tenant (the WAL and storage sections) are left out
-for such a key. A key without prefixes sees the whole instance.
+internals that are not per tenant (the WAL, storage, scheduler and Kafka
+listener sections) are left out for such a key. A key without prefixes sees
+the whole instance.
+
+The Kafka listener's section comes from `Node.shell_metrics["kafka"]` (the
+HTTP shell does not import the Kafka shell: docs/ARCHITECTURE.md, "Layers"),
+present only while a listener runs; its series are rendered here from that
+JSON object (:func:`_kafka_series`).
 """
 
 from __future__ import annotations
@@ -197,6 +203,9 @@ def metrics_json(app: TopicsApp, principal: Principal | None = None) -> dict[str
         out["wal"] = wal
     out["storage"] = storage_stats(app)
     out["scheduler"] = scheduler_stats(app)
+    kafka = app.node.shell_metrics.get("kafka")
+    if kafka is not None:
+        out["kafka"] = kafka()
     return out
 
 
@@ -235,17 +244,118 @@ def _scheduler_series(
     ):  # fmt: skip
         metric(name, typ, help_, [(f'{{band="{b}"}}', n) for b, n in st[key].items()])
     lat = st["latency_ms"]
-    cumulative = list(itertools.accumulate(lat["counts"]))
-    buckets = [*map(str, lat["buckets"]), "+Inf"]
-    samples: list[tuple[str, Any]] = [
-        (f'_bucket{{le="{le}"}}', n) for le, n in zip(buckets, cumulative, strict=True)
-    ]
-    samples += [("_sum", lat["sum"]), ("_count", cumulative[-1])]
     metric(
         "topics_scheduler_latency_ms",
         "histogram",
         "Delivery scheduling latency (marked to served).",
+        _histogram(lat["buckets"], lat["counts"], lat["sum"]),
+    )
+
+
+def _histogram(
+    bounds: list[float], counts: list[int], total: float, labels: str = ""
+) -> list[tuple[str, Any]]:
+    """The samples of one histogram: `counts` per bucket (the last one above every
+    bound, not cumulative), `total` their sum; `labels` (`a="x",b="y"`) on each line."""
+    cumulative = list(itertools.accumulate(counts))
+    les = [*map(str, bounds), "+Inf"]
+    pre = labels + "," if labels else ""
+    own = f"{{{labels}}}" if labels else ""
+    samples: list[tuple[str, Any]] = [
+        (f'_bucket{{{pre}le="{le}"}}', n) for le, n in zip(les, cumulative, strict=True)
+    ]
+    samples += [(f"_sum{own}", total), (f"_count{own}", cumulative[-1])]
+    return samples
+
+
+def _kafka_series(
+    metric: Callable[[str, str, str, list[tuple[str, Any]]], None], st: dict[str, Any]
+) -> None:
+    """The Kafka listener's series from its JSON section (docs/KAFKA.md, "Metrics")."""
+    metric(
+        "topics_kafka_connections", "gauge", "Open Kafka connections.", [("", st["connections"])]
+    )
+    metric(
+        "topics_kafka_connections_accepted_total",
+        "counter",
+        "Kafka connections accepted.",
+        [("", st["connections_accepted"])],
+    )
+    metric(
+        "topics_kafka_connections_closed_total",
+        "counter",
+        "Kafka connections closed, by either side.",
+        [("", st["connections_closed"])],
+    )
+    metric(
+        "topics_kafka_sasl_failures_total",
+        "counter",
+        "Failed SASL/PLAIN logins.",
+        [("", st["sasl_failures"])],
+    )
+    metric(
+        "topics_kafka_requests_refused_total",
+        "counter",
+        "Kafka request frames that closed their connection (too large, undecodable, "
+        "unknown API, before SASL authentication).",
+        [("", st["requests_refused"])],
+    )
+    metric(
+        "topics_kafka_bytes_in_total",
+        "counter",
+        "Bytes of Kafka request frames read (size prefix included).",
+        [("", st["bytes_in"])],
+    )
+    metric(
+        "topics_kafka_bytes_out_total",
+        "counter",
+        "Bytes of Kafka response frames written (size prefix included).",
+        [("", st["bytes_out"])],
+    )
+    metric(
+        "topics_kafka_requests_total",
+        "counter",
+        "Kafka requests per API and version.",
+        [(f'{{api="{r["api"]}",version="{r["version"]}"}}', r["count"]) for r in st["requests"]],
+    )
+    metric(
+        "topics_kafka_errors_total",
+        "counter",
+        "Nonzero error codes in Kafka responses (top level, per topic, per partition).",
+        [
+            (f'{{api="{e["api"]}",code="{e["code"]}",error="{e["error"]}"}}', e["count"])
+            for e in st["errors"]
+        ],
+    )
+    lat = st["latency_ms"]
+    samples: list[tuple[str, Any]] = []
+    for api, h in lat["apis"].items():
+        samples += _histogram(lat["buckets"], h["counts"], h["sum"], f'api="{api}"')
+    metric(
+        "topics_kafka_request_latency_ms",
+        "histogram",
+        "Kafka request latency per API in ms, from the request read to its response "
+        "ready; a Fetch includes its long-poll wait.",
         samples,
+    )
+    metric(
+        "topics_kafka_consumer_lag",
+        "gauge",
+        "Records a consumer group is behind: head seq minus committed offset.",
+        [
+            (
+                f'{{tenant="{_esc(c["tenant"])}",group="{_esc(c["group"])}",'
+                f'topic="{_esc(c["topic"])}",partition="{c["partition"]}"}}',
+                c["lag"],
+            )
+            for c in st["consumer_lag"]
+        ],
+    )
+    metric(
+        "topics_kafka_consumer_lag_truncated",
+        "gauge",
+        "1 when the lag series were cut at 10000.",
+        [("", int(st["consumer_lag_truncated"]))],
     )
 
 
@@ -311,6 +421,9 @@ def render_prometheus(app: TopicsApp, principal: Principal | None = None) -> byt
     for key, name, typ, help_ in _STORAGE_SERIES:
         if key in st:
             metric(name, typ, help_, [("", st[key])])
+    kafka = app.node.shell_metrics.get("kafka")
+    if kafka is not None:
+        _kafka_series(metric, kafka())
     return ("\n".join(lines) + "\n").encode()
 
 

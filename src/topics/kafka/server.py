@@ -21,6 +21,11 @@ A frame that has started must arrive whole within
 time between its frames (the handshake must keep moving); an authenticated one
 with no request in progress is closed after `TOPICS_KAFKA_IDLE_TIMEOUT_MS` of
 silence, as a Kafka broker does (clients reconnect on their own).
+
+Metrics (docs/KAFKA.md "Metrics"): the frame loop is the one place requests
+are counted in :class:`~topics.kafka.metrics.ListenerMetrics` (per request,
+never per record); the listener registers its JSON section as
+`node.shell_metrics["kafka"]` while it runs, and `/v0/metrics` shows it.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from topics.auth import DEV_PRINCIPAL
 from topics.kafka import protocol as P
 from topics.kafka.backend import KafkaBackend
 from topics.kafka.broker import CLOSE, Broker, ConnState
+from topics.kafka.metrics import ListenerMetrics, consumer_lag
 from topics.kafka.offsets import internal_topics
 from topics.node import Node
 
@@ -99,6 +105,7 @@ class KafkaServer:
         self.port = 0
         self._server: asyncio.Server | None = None
         self._conns: set[asyncio.Task[None]] = set()
+        self.metrics = ListenerMetrics()
 
     async def start(self, host: str, port: int) -> None:
         """Replay committed offsets, then bind `host:port` (0 = ephemeral).
@@ -115,6 +122,7 @@ class KafkaServer:
         self.host, self.port = sock.getsockname()[:2]
         self.broker.advertised = _advertised(self.cfg.kafka_advertised, host, self.port)
         self.broker.groups.start()
+        self.node.shell_metrics["kafka"] = self.metrics_json
         log.info(
             "kafka listener on %s:%d (advertised %s:%d, SASL/PLAIN %s)",
             self.host,
@@ -125,6 +133,8 @@ class KafkaServer:
 
     async def stop(self) -> None:
         """Stop accepting, close every connection and the group coordinator."""
+        if self.node.shell_metrics.get("kafka") == self.metrics_json:
+            del self.node.shell_metrics["kafka"]
         if self._server is not None:
             self._server.close()
         for t in list(self._conns):
@@ -137,6 +147,17 @@ class KafkaServer:
                 await asyncio.wait_for(self._server.wait_closed(), 2)
             self._server = None
         await self.broker.groups.stop()
+
+    def metrics_json(self) -> dict[str, Any]:
+        """The `kafka` section of `/v0/metrics`: the counters plus consumer-group lag
+        computed now (:func:`~topics.kafka.metrics.consumer_lag`)."""
+        topics = self.backend.engine.topics
+
+        def head_seq(name: str) -> int | None:
+            t = topics.get(name)
+            return None if t is None else int(t.head_seq)
+
+        return self.metrics.snapshot(consumer_lag(self.broker.offsets.table, head_seq))
 
     # ------------------------------------------------------------ connection
 
@@ -151,6 +172,9 @@ class KafkaServer:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conn = ConnState(peer_s, None if self.auth_enabled else DEV_PRINCIPAL)
+        m = self.metrics
+        m.accepted += 1
+        m.open += 1
         try:
             await self._serve(conn, reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -166,6 +190,8 @@ class KafkaServer:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
             self._conns.discard(task)
+            m.open -= 1
+            m.closed += 1
 
     async def _serve(
         self, conn: ConnState, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -176,6 +202,7 @@ class KafkaServer:
         closing = False
         act = _Activity()
         loop = asyncio.get_running_loop()
+        m = self.metrics
 
         async def write_loop() -> None:
             try:
@@ -190,9 +217,13 @@ class KafkaServer:
                     if resp is None:  # acks=0 produce: no response at all
                         continue
                     if key < 0:  # pre-framed bytes (SASL v0 token answer)
+                        assert isinstance(resp, bytes)
+                        m.bytes_out += len(resp)
                         writer.write(resp)
                         continue
-                    writer.write(P.encode_response(resp, ver, corr))
+                    data = P.encode_response(resp, ver, corr)
+                    m.bytes_out += len(data)
+                    writer.write(data)
                     act.last_tx = loop.time()
                     if not pending:
                         await writer.drain()
@@ -220,6 +251,7 @@ class KafkaServer:
                 # The size prefix is judged before any of the frame is read.
                 limit = self.max_frame if conn.principal is not None else PRE_AUTH_MAX_FRAME
                 if size < 0 or size > limit:
+                    m.refused += 1
                     log.warning(
                         "kafka: closing %s: request of %d bytes (limit %d%s)",
                         conn.peer,
@@ -229,6 +261,8 @@ class KafkaServer:
                     )
                     return
                 frame = await reader.readexactly(size)
+                started = loop.time()
+                m.bytes_in += 4 + size
                 act.state = _HANDLING
                 if wtask.done():
                     return
@@ -237,6 +271,7 @@ class KafkaServer:
                     conn.sasl_raw = False
                     err = self.broker.plain_login(conn, frame)
                     if err is not None or conn.principal is None:
+                        m.sasl_failures += 1
                         log.info("kafka: closing %s: SASL/PLAIN failed (%s)", conn.peer, err)
                         return
                     await room.acquire()
@@ -245,11 +280,21 @@ class KafkaServer:
                     continue
                 req = self.broker.parse(conn, frame)
                 if req is None:
+                    m.refused += 1
                     return
+                m.request(req.key, req.version)
                 await room.acquire()
                 item = self.broker.answer(conn, req)
                 if item is CLOSE:
+                    m.refused += 1
                     return
+                # Latency and error codes once the response is ready: a
+                # handler's future reports when it completes (a Fetch after its
+                # long-poll), not when earlier responses have been written.
+                if isinstance(item, asyncio.Future):
+                    item.add_done_callback(m.on_done(req.key, started))
+                else:
+                    m.answered(req.key, item, started, loop.time())
                 if item is None:  # a handler with nothing to send
                     room.release()
                     continue
