@@ -4,13 +4,17 @@ Starts a fresh server (`python -m topics serve`, temp data dir, Kafka on a free
 127.0.0.1 port), then per phase:
 
 * produce N messages of `--size` bytes with acks=1, then acks=all (each to
-  its own new topic of the server's default class, `disk`), optionally
-  `--fsync` for a third run on an `fsync`-class topic;
-* consume the acks=1 topic from offset 0 with assign().
+  its own new single-partition topic of the server's default class, `disk`),
+  optionally `--fsync` for a third run on an `fsync`-class topic;
+* produce N keyed messages with acks=all to a topic of `--partitions`
+  partitions (default 8), uncompressed and then lz4-compressed;
+* consume the acks=1 topic from offset 0 with assign(), and the partitioned
+  topic with a group of `--members` consumer processes (default 4).
 
-Reported: messages/s (wall clock from the first produce() call to the last
-delivery report, or from assign() to the N-th message) and server CPU per
-message (utime+stime of the server process from /proc over the phase).
+Reported as a table and as JSON: messages/s (wall clock from the first
+produce() call to the last delivery report; for consumers from the first
+message any member got to the last) and server CPU per message (utime+stime
+of the server process from /proc over the phase).
 
     .venv/bin/python bench/bench_kafka.py                 # N=500000, 100-byte JSON values
     .venv/bin/python bench/bench_kafka.py -n 200000 --value binary --fsync
@@ -33,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _client import ServeProcess
 
 CLK = os.sysconf("SC_CLK_TCK")
+KEYS = [b"user-%d" % i for i in range(1000)]
 
 
 def free_port() -> int:
@@ -75,7 +80,15 @@ class Server(ServeProcess):
         urllib.request.urlopen(req, timeout=10).read()
 
 
-def produce(srv: Server, topic: str, values: list[bytes], acks: str) -> dict[str, Any]:
+def produce(
+    srv: Server,
+    topic: str,
+    values: list[bytes],
+    acks: str,
+    *,
+    keyed: bool = False,
+    compression: str = "none",
+) -> dict[str, Any]:
     from confluent_kafka import Producer
 
     p = Producer(
@@ -83,6 +96,7 @@ def produce(srv: Server, topic: str, values: list[bytes], acks: str) -> dict[str
             "bootstrap.servers": f"127.0.0.1:{srv.kport}",
             "acks": acks,
             "linger.ms": 5,
+            "compression.type": compression,
             "queue.buffering.max.messages": 2_000_000,
             "queue.buffering.max.kbytes": 4_000_000,
         }
@@ -99,10 +113,11 @@ def produce(srv: Server, topic: str, values: list[bytes], acks: str) -> dict[str
 
     c0 = cpu_s(srv.proc.pid)
     t0 = time.perf_counter()
-    for v in values:
+    for i, v in enumerate(values):
+        key = KEYS[i % len(KEYS)] if keyed else None
         while True:
             try:
-                p.produce(topic, v, on_delivery=cb)
+                p.produce(topic, v, key, on_delivery=cb)
                 break
             except BufferError:
                 p.poll(0.01)
@@ -112,6 +127,7 @@ def produce(srv: Server, topic: str, values: list[bytes], acks: str) -> dict[str
     n = len(values)
     return {
         "acks": acks,
+        "compression": compression,
         "messages": n,
         "errors": errors,
         "msg_per_s": round(n / dt),
@@ -154,12 +170,101 @@ def consume(srv: Server, topic: str, n: int) -> dict[str, Any]:
     }
 
 
+def create(srv: Server, topic: str, partitions: int) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{srv.kport}"})
+    admin.create_topics([NewTopic(topic, num_partitions=partitions)])[topic].result(30)
+
+
+def _member(
+    port: int, topic: str, group: str, n: int, got: Any, first: Any, last: Any, slot: int
+) -> None:
+    """One group member (its own process): consume until the group has `n` messages."""
+    from confluent_kafka import Consumer
+
+    c = Consumer(
+        {
+            "bootstrap.servers": f"127.0.0.1:{port}",
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "fetch.max.bytes": 8 << 20,
+        }
+    )
+    c.subscribe([topic])
+    deadline = time.monotonic() + 300
+    while got.value < n and time.monotonic() < deadline:
+        k = sum(1 for m in c.consume(10_000, 0.5) if not m.error())
+        if k:
+            now = time.time()
+            if not first[slot]:
+                first[slot] = now
+            last[slot] = now
+            with got.get_lock():
+                got.value += k
+    c.close()
+
+
+def group_consume(srv: Server, topic: str, n: int, members: int) -> dict[str, Any]:
+    """Consume `topic` with a group of `members` processes until `n` messages arrived."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    got = ctx.Value("q", 0)
+    first = ctx.Array("d", members)
+    last = ctx.Array("d", members)
+    group = f"bench-group-{int(time.time())}"
+    c0 = cpu_s(srv.proc.pid)
+    procs = [
+        ctx.Process(target=_member, args=(srv.kport, topic, group, n, got, first, last, i))
+        for i in range(members)
+    ]
+    for pr in procs:
+        pr.start()
+    for pr in procs:
+        pr.join(360)
+    cpu = cpu_s(srv.proc.pid) - c0
+    starts = [t for t in first if t]
+    dt = max(last) - min(starts) if starts else float("inf")
+    total = got.value
+    return {
+        "members": members,
+        "members_that_got_data": len(starts),
+        "messages": total,
+        "msg_per_s": round(total / dt) if dt > 0 else 0,
+        "seconds": round(dt, 3),
+        "server_cpu_s": round(cpu, 2),
+        "server_us_per_msg": round(cpu / max(total, 1) * 1e6, 2),
+    }
+
+
+def table(phases: list[dict[str, Any]]) -> str:
+    rows = [("phase", "msg/s", "server us/msg", "seconds", "errors")]
+    for r in phases:
+        rows.append(
+            (
+                r["phase"],
+                f"{r['msg_per_s']:,}",
+                f"{r['server_us_per_msg']:.2f}",
+                f"{r['seconds']:.2f}",
+                str(r.get("errors", "-")),
+            )
+        )
+    w = [max(len(row[i]) for row in rows) for i in range(5)]
+    return "\n".join(
+        "  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(row))
+        for row in rows
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("-n", type=int, default=500_000, help="messages per phase")
     ap.add_argument("--size", type=int, default=100, help="value bytes")
     ap.add_argument("--value", choices=["json", "text", "binary"], default="json")
     ap.add_argument("--fsync", action="store_true", help="also acks=all on an fsync topic")
+    ap.add_argument("--partitions", type=int, default=8, help="partitions of the keyed topic")
+    ap.add_argument("--members", type=int, default=4, help="group members consuming it")
     ap.add_argument("--json", default="bench/results/kafka.json", help="write results here")
     args = ap.parse_args()
     import confluent_kafka
@@ -187,12 +292,26 @@ def main() -> int:
                 r["phase"] = "produce acks=all, fsync topic"
                 out["phases"].append(r)
                 print(r, flush=True)
+            parts = args.partitions
+            for codec in ("none", "lz4"):
+                t = f"bench-p{parts}-{codec}-{stamp}"
+                create(srv, t, parts)
+                r = produce(srv, t, values, "all", keyed=True, compression=codec)
+                r["phase"] = f"produce acks=all, {parts} partitions, keyed, {codec}"
+                out["phases"].append(r)
+                print(r, flush=True)
             r = consume(srv, f"bench-1-{stamp}", args.n)
-            r["phase"] = "consume (assign, from 0)"
+            r["phase"] = "consume (assign, 1 partition, from 0)"
+            out["phases"].append(r)
+            print(r, flush=True)
+            r = group_consume(srv, f"bench-p{parts}-none-{stamp}", args.n, args.members)
+            r["phase"] = f"consume (group of {args.members}, {parts} partitions)"
             out["phases"].append(r)
             print(r, flush=True)
         finally:
             srv.stop()
+    print()
+    print(table(out["phases"]))
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
     return 0
