@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from topics.kafka import (
     api_admin,
+    api_configs,
     api_fetch,
     api_groups,
     api_metadata,
@@ -97,6 +98,8 @@ APIS: dict[int, Api] = {
     P.HEARTBEAT: Api(0, 4, api_groups.heartbeat, error_only(P.HEARTBEAT)),
     P.LEAVE_GROUP: Api(0, 4, api_groups.leave_group, api_groups.refuse_leave_group),
     P.SYNC_GROUP: Api(0, 5, api_groups.sync_group, error_only(P.SYNC_GROUP)),
+    P.DESCRIBE_GROUPS: Api(0, 6, api_groups.describe_groups, api_groups.refuse_describe_groups),
+    P.LIST_GROUPS: Api(0, 5, api_groups.list_groups, error_only(P.LIST_GROUPS)),
     P.SASL_HANDSHAKE: Api(
         0, 1, api_sasl.sasl_handshake, error_only(P.SASL_HANDSHAKE), pre_auth=True
     ),
@@ -104,11 +107,27 @@ APIS: dict[int, Api] = {
     P.CREATE_TOPICS: Api(2, 7, api_admin.create_topics, api_admin.refuse_create_topics),
     P.DELETE_TOPICS: Api(1, 5, api_admin.delete_topics, api_admin.refuse_delete_topics),
     P.DELETE_RECORDS: Api(0, 2, api_admin.delete_records, api_admin.refuse_delete_records),
-    P.CREATE_PARTITIONS: Api(0, 3, api_admin.create_partitions, api_admin.refuse_create_partitions),
     P.INIT_PRODUCER_ID: Api(0, 4, api_produce.init_producer_id, error_only(P.INIT_PRODUCER_ID)),
+    P.DESCRIBE_CONFIGS: Api(
+        0, 4, api_configs.describe_configs, api_configs.refuse_describe_configs
+    ),
+    P.ALTER_CONFIGS: Api(0, 2, api_configs.alter_configs, api_configs.refuse_alter_configs),
+    P.DESCRIBE_LOG_DIRS: Api(
+        0, 4, api_configs.describe_log_dirs, api_configs.refuse_describe_log_dirs
+    ),
     P.SASL_AUTHENTICATE: Api(
         0, 2, api_sasl.sasl_authenticate, error_only(P.SASL_AUTHENTICATE), pre_auth=True
     ),
+    P.CREATE_PARTITIONS: Api(0, 3, api_admin.create_partitions, api_admin.refuse_create_partitions),
+    P.DELETE_GROUPS: Api(0, 2, api_groups.delete_groups, api_groups.refuse_delete_groups),
+    P.INCREMENTAL_ALTER_CONFIGS: Api(
+        0,
+        1,
+        api_configs.incremental_alter_configs,
+        api_configs.refuse_incremental_alter_configs,
+    ),
+    P.OFFSET_DELETE: Api(0, 0, api_groups.offset_delete, api_groups.refuse_offset_delete),
+    P.DESCRIBE_CLUSTER: Api(0, 2, api_configs.describe_cluster, error_only(P.DESCRIBE_CLUSTER)),
 }
 
 #: api key -> (min, max) version this broker answers, derived from :data:`APIS`.

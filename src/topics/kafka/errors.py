@@ -46,9 +46,13 @@ TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 KAFKA_STORAGE_ERROR = 56
 SASL_AUTHENTICATION_FAILED = 58
 UNKNOWN_PRODUCER_ID = 59
+NON_EMPTY_GROUP = 68
+GROUP_ID_NOT_FOUND = 69
 FETCH_SESSION_ID_NOT_FOUND = 70
 UNSUPPORTED_COMPRESSION_TYPE = 76
+GROUP_SUBSCRIBED_TO_TOPIC = 86
 INVALID_RECORD = 87
+UNSUPPORTED_ENDPOINT_TYPE = 119
 
 # ------------------------------------------------------------ engine refusals
 #
@@ -59,6 +63,7 @@ CREATE = "create"  # CreateTopics: creating or validating a topic
 AUTO_CREATE = "auto_create"  # Metadata: creating a topic on first use
 DELETE = "delete"  # DeleteTopics
 COMMIT = "commit"  # OffsetCommit: the durable write to the offsets topic
+ALTER = "alter"  # AlterConfigs, IncrementalAlterConfigs: replacing a topic's config
 
 #: A staged Produce write that reached its commit point and failed there (the
 #: engine condition behind `Staged.committed()` returning False); not a
@@ -85,13 +90,17 @@ ENGINE_ERRORS: dict[tuple[str, str | int | None], int] = {
     (AUTO_CREATE, None): UNKNOWN_TOPIC_OR_PARTITION,  # as if auto-create were off
     (DELETE, None): KAFKA_STORAGE_ERROR,
     (COMMIT, None): COORDINATOR_NOT_AVAILABLE,  # the client retries the commit
+    (ALTER, 400): INVALID_CONFIG,  # invalid_request: a config `/v0` refuses
+    (ALTER, 404): UNKNOWN_TOPIC_OR_PARTITION,  # topic_not_found: deleted meanwhile
+    (ALTER, 409): INVALID_CONFIG,  # topic_exists_incompatible: a `type` change
+    (ALTER, None): KAFKA_STORAGE_ERROR,
 }
 
 
 def from_engine(operation: str, code: str, status: int = 500) -> int:
     """The Kafka error code for an engine refusal during `operation`.
 
-    `operation` is one of WRITE, CREATE, AUTO_CREATE, DELETE, COMMIT; `code`
+    `operation` is one of WRITE, CREATE, AUTO_CREATE, DELETE, COMMIT, ALTER; `code`
     and `status` are the refusal's TopicsError code and HTTP status (or
     NOT_COMMITTED). Looks up :data:`ENGINE_ERRORS` by (operation, code), then
     (operation, status), then (operation, None). Raises KeyError for an

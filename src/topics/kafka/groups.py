@@ -10,12 +10,19 @@ Stable. A JoinGroup is a long-poll held until every known member has rejoined
 dropped). The first join of an empty group waits :data:`INITIAL_DELAY_S` so
 members starting together land in one generation. Assignment is done by the
 leader client; the coordinator passes the bytes through.
+
+The admin side (ListGroups, DescribeGroups, DeleteGroups, OffsetDelete;
+docs/KAFKA.md "Admin APIs") reads groups through :meth:`Coordinator.group` and
+:meth:`Coordinator.tenant_groups`, removes an empty one with
+:meth:`Coordinator.forget`, and asks :func:`subscribed_topics` which topics
+the members of a `consumer` group subscribe to.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import struct
 import time
 import uuid
 from collections.abc import Callable
@@ -24,7 +31,20 @@ from typing import Any
 
 from topics.kafka import errors as E
 
-__all__ = ["Coordinator", "JoinResult", "SyncResult", "INITIAL_DELAY_S"]
+__all__ = [
+    "Coordinator",
+    "Group",
+    "Member",
+    "JoinResult",
+    "SyncResult",
+    "INITIAL_DELAY_S",
+    "EMPTY",
+    "PREPARING",
+    "COMPLETING",
+    "STABLE",
+    "DEAD",
+    "subscribed_topics",
+]
 
 INITIAL_DELAY_S = 0.3
 REAP_INTERVAL_S = 0.25
@@ -33,6 +53,7 @@ EMPTY = "Empty"
 PREPARING = "PreparingRebalance"
 COMPLETING = "CompletingRebalance"
 STABLE = "Stable"
+DEAD = "Dead"  # what DescribeGroups reports for a group that does not exist
 
 
 @dataclass(slots=True)
@@ -64,6 +85,8 @@ class Member:
     join_fut: asyncio.Future[JoinResult] | None = None
     sync_fut: asyncio.Future[SyncResult] | None = None
     assignment: bytes = b""
+    client_id: str = ""
+    client_host: str = ""
 
 
 @dataclass(slots=True, eq=False)
@@ -122,8 +145,12 @@ class Coordinator:
         protocols: list[tuple[str, bytes]],
         session_timeout_ms: int,
         rebalance_timeout_ms: int,
+        client_host: str = "",
     ) -> JoinResult:
-        """JoinGroup: long-polls until the rebalance completes (or fails fast)."""
+        """JoinGroup: long-polls until the rebalance completes (or fails fast).
+
+        `client_id` and `client_host` are kept on the member for DescribeGroups.
+        """
         if not group_id:
             return JoinResult(E.INVALID_GROUP_ID, member_id=member_id)
         if session_timeout_ms <= 0 or not protocols:
@@ -159,6 +186,8 @@ class Coordinator:
             member_id = f"{client_id or 'member'}-{uuid.uuid4()}"
             m = Member(member_id, session_timeout_ms / 1000, rebalance_s, protocols, now)
             g.members[member_id] = m
+        m.client_id = client_id
+        m.client_host = client_host
         g.protocol_type = protocol_type
         loop = asyncio.get_running_loop()
         _settle(m.join_fut, JoinResult(E.UNKNOWN_MEMBER_ID, member_id=member_id))
@@ -361,6 +390,28 @@ class Coordinator:
         # prepares a rebalance (revocation commits), not once it completes.
         return self._member_check(g, generation, member_id, COMPLETING)
 
+    # ----------------------------------------------------------------- admin
+
+    def group(self, tenant: str, group_id: str) -> Group | None:
+        """The live group, or None (it has no members and was reaped, or never existed)."""
+        return self.groups.get((tenant, group_id))
+
+    def tenant_groups(self, tenant: str) -> list[Group]:
+        """Every live group of `tenant`."""
+        return [g for k, g in self.groups.items() if k[0] == tenant]
+
+    def forget(self, tenant: str, group_id: str) -> bool:
+        """Drop a group without members (DeleteGroups); False when it has members."""
+        g = self.groups.get((tenant, group_id))
+        if g is None:
+            return True
+        if g.members:
+            return False
+        if g.timer is not None:
+            g.timer.cancel()
+        del self.groups[(tenant, group_id)]
+        return True
+
     # --------------------------------------------------------------- expiry
 
     async def _reap_loop(self) -> None:
@@ -383,3 +434,44 @@ class Coordinator:
                 self._after_removal(g)
             if not g.members and g.state == EMPTY and g.timer is None:
                 del self.groups[key]
+
+
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+
+
+def _subscription_topics(metadata: bytes) -> list[str]:
+    """The topics of a ConsumerProtocolSubscription (every version starts with
+    int16 version, then an array of int16-length strings). Raises ValueError."""
+    try:
+        (count,) = _I32.unpack_from(metadata, 2)
+        if count < 0:
+            raise ValueError("null topic list")
+        at = 6
+        out = []
+        for _ in range(count):
+            (n,) = _I16.unpack_from(metadata, at)
+            at += 2
+            if n < 0 or at + n > len(metadata):
+                raise ValueError("topic name out of bounds")
+            out.append(metadata[at : at + n].decode())
+            at += n
+        return out
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise ValueError(str(exc)) from None
+
+
+def subscribed_topics(g: Group) -> set[str] | None:
+    """The topics the members of `g` subscribe to, read from their join metadata;
+    None when that cannot be known (a protocol type other than `consumer`, or
+    metadata that does not parse), which callers treat as "every topic"."""
+    if g.protocol_type != "consumer":
+        return None
+    topics: set[str] = set()
+    for m in g.members.values():
+        for _name, metadata in m.protocols:
+            try:
+                topics.update(_subscription_topics(metadata))
+            except ValueError:
+                return None
+    return topics

@@ -4,13 +4,16 @@ Every OffsetCommit is one atomic write of one JSON document per partition to
 the `fsync`-class topic :data:`OFFSETS_TOPIC`, acknowledged only after its
 `fdatasync` (through the engine's normal write path, so the WAL and recovery
 cover it). At startup, after recovery, the documents are replayed in seq order
-and the last one per (tenant, group, topic, partition) wins.
+and the last one per (tenant, group, topic, partition) wins. Deleting offsets
+(DeleteGroups, OffsetDelete) writes one tombstone document per key, the same
+key with `"deleted": true` and no offset, which removes the key when replayed.
 
 Compaction: when the topic holds many more documents than there are live
 keys, the current table is written again as one batch and everything before
 that batch is deleted (a logged, permanent record delete). Compaction only
-starts while no commit is in flight, so every document below the new batch
-is already reflected in it.
+starts while no commit or delete is in flight, so every document below the
+new batch, tombstones included, is already reflected in it (a deleted key is
+simply absent from the batch).
 """
 
 from __future__ import annotations
@@ -55,7 +58,14 @@ class OffsetStore:
             try:
                 d = orjson.loads(raw)
                 key = (d["tenant"], d["group"], d["topic"], int(d["partition"]))
-                self.table[key] = (int(d["offset"]), d.get("metadata"), int(d.get("epoch", -1)))
+                if d.get("deleted") is True:
+                    self.table.pop(key, None)
+                else:
+                    self.table[key] = (
+                        int(d["offset"]),
+                        d.get("metadata"),
+                        int(d.get("epoch", -1)),
+                    )
             except (ValueError, KeyError, TypeError):
                 log.warning("kafka: skipping a malformed committed-offset document")
         return n
@@ -93,6 +103,56 @@ class OffsetStore:
         for t, p, c in entries:
             self.table[(tenant, group, t, p)] = c
         await self._maybe_compact()
+
+    @staticmethod
+    def _tombstone(key: Key) -> bytes:
+        return orjson.dumps(
+            {
+                "tenant": key[0],
+                "group": key[1],
+                "topic": key[2],
+                "partition": key[3],
+                "deleted": True,
+            }
+        )
+
+    async def delete(
+        self, tenant: str, group: str, partitions: list[tuple[str, int]] | None = None
+    ) -> list[tuple[str, int]]:
+        """Durably forget the group's committed offsets of `partitions` (every
+        one of the group's when None); returns the (topic, partition) pairs that
+        had an offset, in order. One atomic write of a tombstone per such key;
+        nothing is written when there is none.
+
+        Raises :class:`~topics.kafka.backend.BackendError` when the write fails;
+        nothing is forgotten then.
+        """
+        if partitions is None:
+            partitions = self.committed_partitions(tenant, group)
+        keys = list(
+            dict.fromkeys(
+                (tenant, group, t, p) for t, p in partitions if (tenant, group, t, p) in self.table
+            )
+        )
+        if not keys:
+            return []
+        self._inflight += 1
+        try:
+            await self.backend.append_internal(OFFSETS_TOPIC, [self._tombstone(k) for k in keys])
+        finally:
+            self._inflight -= 1
+        for k in keys:
+            self.table.pop(k, None)
+        await self._maybe_compact()
+        return [(k[2], k[3]) for k in keys]
+
+    def groups(self, tenant: str) -> set[str]:
+        """Every group of `tenant` with at least one committed offset."""
+        return {k[1] for k in self.table if k[0] == tenant}
+
+    def has_group(self, tenant: str, group: str) -> bool:
+        """Does the group have at least one committed offset?"""
+        return any(k[0] == tenant and k[1] == group for k in self.table)
 
     def get(self, tenant: str, group: str, topic: str, partition: int) -> Committed | None:
         return self.table.get((tenant, group, topic, partition))

@@ -23,14 +23,30 @@ from typing import Any
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     from kafka.protocol.admin import (
+        AlterConfigsRequest,
+        AlterConfigsResponse,
         CreatePartitionsRequest,
         CreatePartitionsResponse,
         CreateTopicsRequest,
         CreateTopicsResponse,
+        DeleteGroupsRequest,
+        DeleteGroupsResponse,
         DeleteRecordsRequest,
         DeleteRecordsResponse,
         DeleteTopicsRequest,
         DeleteTopicsResponse,
+        DescribeClusterRequest,
+        DescribeClusterResponse,
+        DescribeConfigsRequest,
+        DescribeConfigsResponse,
+        DescribeGroupsRequest,
+        DescribeGroupsResponse,
+        DescribeLogDirsRequest,
+        DescribeLogDirsResponse,
+        IncrementalAlterConfigsRequest,
+        IncrementalAlterConfigsResponse,
+        ListGroupsRequest,
+        ListGroupsResponse,
     )
     from kafka.protocol.consumer import (
         FetchRequest,
@@ -45,6 +61,8 @@ with warnings.catch_warnings():
         ListOffsetsResponse,
         OffsetCommitRequest,
         OffsetCommitResponse,
+        OffsetDeleteRequest,
+        OffsetDeleteResponse,
         OffsetFetchRequest,
         OffsetFetchResponse,
         SyncGroupRequest,
@@ -95,14 +113,23 @@ JOIN_GROUP = 11
 HEARTBEAT = 12
 LEAVE_GROUP = 13
 SYNC_GROUP = 14
+DESCRIBE_GROUPS = 15
+LIST_GROUPS = 16
 SASL_HANDSHAKE = 17
 API_VERSIONS = 18
 CREATE_TOPICS = 19
 DELETE_TOPICS = 20
 DELETE_RECORDS = 21
 INIT_PRODUCER_ID = 22
+DESCRIBE_CONFIGS = 32
+ALTER_CONFIGS = 33
+DESCRIBE_LOG_DIRS = 35
 SASL_AUTHENTICATE = 36
 CREATE_PARTITIONS = 37
+DELETE_GROUPS = 42
+INCREMENTAL_ALTER_CONFIGS = 44
+OFFSET_DELETE = 47
+DESCRIBE_CLUSTER = 60
 
 REQUESTS: dict[int, Any] = {
     PRODUCE: ProduceRequest,
@@ -116,14 +143,23 @@ REQUESTS: dict[int, Any] = {
     HEARTBEAT: HeartbeatRequest,
     LEAVE_GROUP: LeaveGroupRequest,
     SYNC_GROUP: SyncGroupRequest,
+    DESCRIBE_GROUPS: DescribeGroupsRequest,
+    LIST_GROUPS: ListGroupsRequest,
     SASL_HANDSHAKE: SaslHandshakeRequest,
     API_VERSIONS: ApiVersionsRequest,
     CREATE_TOPICS: CreateTopicsRequest,
     DELETE_TOPICS: DeleteTopicsRequest,
     DELETE_RECORDS: DeleteRecordsRequest,
     INIT_PRODUCER_ID: InitProducerIdRequest,
+    DESCRIBE_CONFIGS: DescribeConfigsRequest,
+    ALTER_CONFIGS: AlterConfigsRequest,
+    DESCRIBE_LOG_DIRS: DescribeLogDirsRequest,
     SASL_AUTHENTICATE: SaslAuthenticateRequest,
     CREATE_PARTITIONS: CreatePartitionsRequest,
+    DELETE_GROUPS: DeleteGroupsRequest,
+    INCREMENTAL_ALTER_CONFIGS: IncrementalAlterConfigsRequest,
+    OFFSET_DELETE: OffsetDeleteRequest,
+    DESCRIBE_CLUSTER: DescribeClusterRequest,
 }
 
 RESPONSES: dict[int, Any] = {
@@ -138,14 +174,23 @@ RESPONSES: dict[int, Any] = {
     HEARTBEAT: HeartbeatResponse,
     LEAVE_GROUP: LeaveGroupResponse,
     SYNC_GROUP: SyncGroupResponse,
+    DESCRIBE_GROUPS: DescribeGroupsResponse,
+    LIST_GROUPS: ListGroupsResponse,
     SASL_HANDSHAKE: SaslHandshakeResponse,
     API_VERSIONS: ApiVersionsResponse,
     CREATE_TOPICS: CreateTopicsResponse,
     DELETE_TOPICS: DeleteTopicsResponse,
     DELETE_RECORDS: DeleteRecordsResponse,
     INIT_PRODUCER_ID: InitProducerIdResponse,
+    DESCRIBE_CONFIGS: DescribeConfigsResponse,
+    ALTER_CONFIGS: AlterConfigsResponse,
+    DESCRIBE_LOG_DIRS: DescribeLogDirsResponse,
     SASL_AUTHENTICATE: SaslAuthenticateResponse,
     CREATE_PARTITIONS: CreatePartitionsResponse,
+    DELETE_GROUPS: DeleteGroupsResponse,
+    INCREMENTAL_ALTER_CONFIGS: IncrementalAlterConfigsResponse,
+    OFFSET_DELETE: OffsetDeleteResponse,
+    DESCRIBE_CLUSTER: DescribeClusterResponse,
 }
 
 API_NAMES: dict[int, str] = {k: v.__name__.removesuffix("Request") for k, v in REQUESTS.items()}
@@ -211,7 +256,7 @@ def partition_codes(
 
     For APIs whose request topics have `name` and `partitions[].partition_index`
     and whose response entries take `name`/`partitions` and
-    `partition_index`/`error_code` (ListOffsets, OffsetCommit);
+    `partition_index`/`error_code` (ListOffsets, OffsetCommit, OffsetDelete);
     `code_of(topic name, partition index)` gives each code.
     """
     return [
