@@ -702,6 +702,8 @@ def test_describe_cluster(srv: InProcess) -> None:
 def test_describe_log_dirs(srv: InProcess, raw: Raw) -> None:
     topic = name("ld")
     create(srv.bootstrap, topic, 3)
+    r = httpx.post(f"{srv.base}/v0/topics/{topic}:2", json={"records": [{"data": "x" * 100}] * 3})
+    assert r.status_code in (200, 201), r.text
     py = py_admin(srv.bootstrap)
     try:
         (broker,) = py.describe_log_dirs(topic_partitions={topic: [0, 2, 7]})
@@ -712,6 +714,8 @@ def test_describe_log_dirs(srv: InProcess, raw: Raw) -> None:
     assert [
         (t["name"], [p["partition_index"] for p in t["partitions"]]) for t in log_dir["topics"]
     ] == [(topic, [0, 2])]
+    sizes = [p["partition_size"] for p in log_dir["topics"][0]["partitions"]]
+    assert sizes[0] == 0 and sizes[1] >= 300  # the live payload bytes of each partition
     resp = raw.call(P.DESCRIBE_LOG_DIRS, 4, topics=None)
     names = {t.name for r in resp.results for t in r.topics}
     assert topic in names and "topics.kafka.offsets" not in names

@@ -33,7 +33,7 @@ from topics.kafka import protocol as P
 from topics.kafka.api_admin import topic_config_from_kafka
 from topics.kafka.api_metadata import CLUSTER_ID, NODE_ID
 from topics.kafka.backend import BackendError
-from topics.kafka.naming import kafka_name_ok
+from topics.kafka.naming import kafka_name_ok, partition_name
 
 if TYPE_CHECKING:
     from topics.kafka.broker import Broker, ConnState
@@ -745,7 +745,8 @@ def describe_log_dirs(broker: Broker, conn: ConnState, req: Any, v: int) -> Any:
     """DescribeLogDirs: one log directory (the data directory, "(memory)" for a
     memory-mode node) holding every partition the key may see, or the ones asked for.
 
-    Partition sizes are reported as 0 and offset lags as 0 (one replica);
+    A partition's size is the payload bytes of its live records; offset lags
+    are 0 (one replica);
     `total_bytes` / `usable_bytes` (v4+) are the data directory's file system
     figures (-1 in memory mode). Needs the `admin` scope:
     CLUSTER_AUTHORIZATION_FAILED otherwise (at the top in v3+, as an empty
@@ -779,7 +780,12 @@ def describe_log_dirs(broker: Broker, conn: ConnState, req: Any, v: int) -> Any:
             TT(
                 name=name,
                 partitions=[
-                    PP(partition_index=i, partition_size=0, offset_lag=0, is_future_key=False)
+                    PP(
+                        partition_index=i,
+                        partition_size=backend.live_bytes(partition_name(stored, i)),
+                        offset_lag=0,
+                        is_future_key=False,
+                    )
                     for i in idxs
                 ],
             )

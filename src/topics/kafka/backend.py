@@ -337,6 +337,16 @@ class KafkaBackend:
         t = self.engine.get(name)
         return int(t.live_count) if t is not None else 0
 
+    def live_bytes(self, name: str) -> int:
+        """Payload bytes of the live records of `name` (0 when absent)."""
+        t = self.engine.get(name)
+        return int(t.live_bytes) if t is not None else 0
+
+    def head_seq(self, name: str) -> int | None:
+        """`head_seq` of `name` as it stands (no retention pass), or None when absent."""
+        t = self.engine.get(name)
+        return int(t.head_seq) if t is not None else None
+
     async def delete_before(self, name: str, seq: int) -> None:
         """Permanently delete every record of `name` below `seq` (logged, durable)."""
         if self.engine.get(name) is None:

@@ -151,13 +151,8 @@ class KafkaServer:
     def metrics_json(self) -> dict[str, Any]:
         """The `kafka` section of `/v0/metrics`: the counters plus consumer-group lag
         computed now (:func:`~topics.kafka.metrics.consumer_lag`)."""
-        topics = self.backend.engine.topics
-
-        def head_seq(name: str) -> int | None:
-            t = topics.get(name)
-            return None if t is None else int(t.head_seq)
-
-        return self.metrics.snapshot(consumer_lag(self.broker.offsets.table, head_seq))
+        table = self.broker.offsets.table
+        return self.metrics.snapshot(consumer_lag(table, self.backend.head_seq))
 
     # ------------------------------------------------------------ connection
 
