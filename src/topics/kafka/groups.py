@@ -195,7 +195,8 @@ class Coordinator:
         if g.state != PREPARING:
             self._prepare(g)
         self._try_complete(g)
-        return await fut
+        res: JoinResult = await fut
+        return res
 
     def _prepare(self, g: Group) -> None:
         """Enter PreparingRebalance: pending syncs are told to rejoin."""
