@@ -6,11 +6,21 @@ fsync. Both APIs need the `read` scope for the group
 (GROUP_AUTHORIZATION_FAILED) and on each topic (TOPIC_AUTHORIZATION_FAILED);
 committed offsets are per tenant. Offsets are kept under the Kafka names the
 client uses (its namespace stripped: docs/KAFKA.md, "Tenant namespaces").
+
+Read your writes: requests of one connection are handled concurrently, but an
+OffsetFetch waits for the group's commits that started before it (on any
+connection) to finish their durable write, as if a Kafka broker had handled them
+one after the other. A client that pipelines a commit and a fetch of the
+committed offsets (aiokafka does when a rebalance lands during a commit), or the
+next owner of a partition reading after the previous owner's last accepted
+commit, gets the committed offset, not the one before it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from topics.config import SCOPE_READ
@@ -25,6 +35,19 @@ if TYPE_CHECKING:
 __all__ = ["offset_commit", "refuse_offset_commit", "offset_fetch", "refuse_offset_fetch"]
 
 log = logging.getLogger("topics.kafka")
+
+#: Per broker and (tenant, group): a future for each OffsetCommit whose write is
+#: in progress, done when it has finished (applied or failed).
+_writing: weakref.WeakKeyDictionary[Broker, dict[tuple[str, str], set[asyncio.Future[None]]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _in_progress(broker: Broker) -> dict[tuple[str, str], set[asyncio.Future[None]]]:
+    table = _writing.get(broker)
+    if table is None:
+        table = _writing[broker] = {}
+    return table
 
 
 async def offset_commit(broker: Broker, conn: ConnState, req: Any, v: int) -> Any:
@@ -68,6 +91,11 @@ async def offset_commit(broker: Broker, conn: ConnState, req: Any, v: int) -> An
                     (t.name, p.partition_index, (p.committed_offset, p.committed_metadata, epoch))
                 )
     if entries:
+        # Registered before the first await: an OffsetFetch that starts later waits for it.
+        key = (conn.tenant, req.group_id)
+        writing = _in_progress(broker)
+        mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        writing.setdefault(key, set()).add(mine)
         try:
             await broker.offsets.commit(conn.tenant, req.group_id, entries)
         except BackendError as exc:
@@ -75,6 +103,13 @@ async def offset_commit(broker: Broker, conn: ConnState, req: Any, v: int) -> An
             err = E.from_engine(E.COMMIT, exc.code, exc.status)
             for name, idx, _c in entries:
                 codes[(name, idx)] = err
+        finally:
+            mine.set_result(None)
+            left = writing.get(key)
+            if left is not None:
+                left.discard(mine)
+                if not left:
+                    del writing[key]
     topics = P.partition_codes(TR, PR, req.topics, lambda name, idx: codes[(name, idx)])
     return R(throttle_time_ms=0, topics=topics)
 
@@ -86,17 +121,21 @@ def refuse_offset_commit(broker: Broker, req: Any, code: int) -> Any:
     return P.refuse_partitions(R, TR, TR.OffsetCommitResponsePartition, req, code)
 
 
-def offset_fetch(broker: Broker, conn: ConnState, req: Any, v: int) -> Any:
+async def offset_fetch(broker: Broker, conn: ConnState, req: Any, v: int) -> Any:
     """OffsetFetch: the committed offsets asked for (all of the group's when `topics` is null).
 
-    A partition without a commit has offset -1. Without `topics`, only
-    partitions of topics the key may read are listed.
+    Answered once the group's commits that started before it have finished
+    (module docstring). A partition without a commit has offset -1. Without
+    `topics`, only partitions of topics the key may read are listed.
     """
     R = P.RESPONSES[P.OFFSET_FETCH]
     TR = R.OffsetFetchResponseTopic
     PR = TR.OffsetFetchResponsePartition
     if not broker.group_allowed(conn):
         return R(throttle_time_ms=0, topics=[], error_code=E.GROUP_AUTHORIZATION_FAILED)
+    earlier = _in_progress(broker).get((conn.tenant, req.group_id))
+    if earlier:
+        await asyncio.wait(set(earlier))
     wanted: list[tuple[str, list[int]]]
     if req.topics is None:
         by: dict[str, list[int]] = {}
