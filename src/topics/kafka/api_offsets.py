@@ -18,9 +18,7 @@ commit, gets the committed offset, not the one before it.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import weakref
 from typing import TYPE_CHECKING, Any
 
 from topics.config import SCOPE_READ
@@ -35,19 +33,6 @@ if TYPE_CHECKING:
 __all__ = ["offset_commit", "refuse_offset_commit", "offset_fetch", "refuse_offset_fetch"]
 
 log = logging.getLogger("topics.kafka")
-
-#: Per broker and (tenant, group): a future for each OffsetCommit whose write is
-#: in progress, done when it has finished (applied or failed).
-_writing: weakref.WeakKeyDictionary[Broker, dict[tuple[str, str], set[asyncio.Future[None]]]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _in_progress(broker: Broker) -> dict[tuple[str, str], set[asyncio.Future[None]]]:
-    table = _writing.get(broker)
-    if table is None:
-        table = _writing[broker] = {}
-    return table
 
 
 async def offset_commit(broker: Broker, conn: ConnState, req: Any, v: int) -> Any:
@@ -91,11 +76,6 @@ async def offset_commit(broker: Broker, conn: ConnState, req: Any, v: int) -> An
                     (t.name, p.partition_index, (p.committed_offset, p.committed_metadata, epoch))
                 )
     if entries:
-        # Registered before the first await: an OffsetFetch that starts later waits for it.
-        key = (conn.tenant, req.group_id)
-        writing = _in_progress(broker)
-        mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        writing.setdefault(key, set()).add(mine)
         try:
             await broker.offsets.commit(conn.tenant, req.group_id, entries)
         except BackendError as exc:
@@ -103,13 +83,6 @@ async def offset_commit(broker: Broker, conn: ConnState, req: Any, v: int) -> An
             err = E.from_engine(E.COMMIT, exc.code, exc.status)
             for name, idx, _c in entries:
                 codes[(name, idx)] = err
-        finally:
-            mine.set_result(None)
-            left = writing.get(key)
-            if left is not None:
-                left.discard(mine)
-                if not left:
-                    del writing[key]
     topics = P.partition_codes(TR, PR, req.topics, lambda name, idx: codes[(name, idx)])
     return R(throttle_time_ms=0, topics=topics)
 
@@ -133,9 +106,7 @@ async def offset_fetch(broker: Broker, conn: ConnState, req: Any, v: int) -> Any
     PR = TR.OffsetFetchResponsePartition
     if not broker.group_allowed(conn):
         return R(throttle_time_ms=0, topics=[], error_code=E.GROUP_AUTHORIZATION_FAILED)
-    earlier = _in_progress(broker).get((conn.tenant, req.group_id))
-    if earlier:
-        await asyncio.wait(set(earlier))
+    await broker.offsets.settled(conn.tenant, req.group_id)
     wanted: list[tuple[str, list[int]]]
     if req.topics is None:
         by: dict[str, list[int]] = {}

@@ -18,7 +18,10 @@ simply absent from the batch).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -49,6 +52,34 @@ class OffsetStore:
         self.table: dict[Key, Committed] = {}
         self._inflight = 0
         self._compacting = False
+        # (tenant, group) -> one future per write of that group still in progress
+        self._writing: dict[tuple[str, str], set[asyncio.Future[None]]] = {}
+
+    @contextlib.contextmanager
+    def _write_of(self, tenant: str, group: str) -> Iterator[None]:
+        """Mark a write of the group in progress until the block ends (see :meth:`settled`)."""
+        key = (tenant, group)
+        mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._writing.setdefault(key, set()).add(mine)
+        self._inflight += 1
+        try:
+            yield
+        finally:
+            self._inflight -= 1
+            mine.set_result(None)
+            left = self._writing[key]
+            left.discard(mine)
+            if not left:
+                del self._writing[key]
+
+    async def settled(self, tenant: str, group: str) -> None:
+        """Wait until every write of the group that started before this call has
+        finished (applied or failed): OffsetFetch reads after the commits that
+        arrived before it, as if they had been handled one after the other
+        (docs/KAFKA.md, "Consumer groups")."""
+        earlier = self._writing.get((tenant, group))
+        if earlier:
+            await asyncio.wait(set(earlier))
 
     def load(self) -> int:
         """Replay the offsets topic (call once, after recovery); returns documents read."""
@@ -95,13 +126,10 @@ class OffsetStore:
         if not entries:
             return
         docs = [self._doc((tenant, group, t, p), c) for t, p, c in entries]
-        self._inflight += 1
-        try:
+        with self._write_of(tenant, group):
             await self.backend.append_internal(OFFSETS_TOPIC, docs)
-        finally:
-            self._inflight -= 1
-        for t, p, c in entries:
-            self.table[(tenant, group, t, p)] = c
+            for t, p, c in entries:
+                self.table[(tenant, group, t, p)] = c
         await self._maybe_compact()
 
     @staticmethod
@@ -136,13 +164,10 @@ class OffsetStore:
         )
         if not keys:
             return []
-        self._inflight += 1
-        try:
+        with self._write_of(tenant, group):
             await self.backend.append_internal(OFFSETS_TOPIC, [self._tombstone(k) for k in keys])
-        finally:
-            self._inflight -= 1
-        for k in keys:
-            self.table.pop(k, None)
+            for k in keys:
+                self.table.pop(k, None)
         await self._maybe_compact()
         return [(k[2], k[3]) for k in keys]
 
