@@ -1,13 +1,14 @@
 """Kafka listener throughput with librdkafka (confluent-kafka) against `topics serve`.
 
 Starts a fresh server (`python -m topics serve`, temp data dir, Kafka on a free
-127.0.0.1 port), then per phase:
+127.0.0.1 port) for each produce phase and the consume phase that reads its topic:
 
 * produce N messages of `--size` bytes with acks=1, then acks=all (each to
   its own new single-partition topic of the server's default class, `disk`),
   optionally `--fsync` for a third run on an `fsync`-class topic;
-* produce N keyed messages with acks=all to a topic of `--partitions`
-  partitions (default 8), uncompressed and then lz4-compressed;
+* produce N keyed messages with acks=all to a topic of one partition and to
+  one of `--partitions` partitions (default 8), uncompressed and then
+  lz4-compressed;
 * consume the acks=1 topic from offset 0 with assign(), and the partitioned
   topic with a group of `--members` consumer processes (default 4).
 
@@ -276,40 +277,49 @@ def main() -> int:
         "size": args.size,
         "phases": [],
     }
-    with tempfile.TemporaryDirectory(prefix="bench-kafka-") as d:
-        srv = Server(Path(d))
-        try:
-            stamp = int(time.time())
-            for acks in ("1", "all"):
-                r = produce(srv, f"bench-{acks}-{stamp}", values, acks)
-                r["phase"] = f"produce acks={acks}"
+    parts = args.partitions
+    # Each group of phases runs on a fresh server: a server already holding the
+    # millions of records of earlier phases spends more CPU per message (its
+    # heap is larger), which would skew whichever phase comes last.
+    # (phase name, partitions or None for an auto-created topic, acks, keyed,
+    # codec, fsync, then: "assign" / "group" / None)
+    plan: list[tuple[str, int | None, str, bool, str, bool, str | None]] = [
+        ("produce acks=1", None, "1", False, "none", False, "assign"),
+        ("produce acks=all", None, "all", False, "none", False, None),
+    ]
+    if args.fsync:
+        plan.append(("produce acks=all, fsync topic", None, "all", False, "none", True, None))
+    # Keys become tags (an index entry per record), so the partitioned runs are
+    # compared with keyed single-partition runs of the same codec.
+    for codec in ("none", "lz4"):
+        for n_parts in (1, parts):
+            then = "group" if (codec, n_parts) == ("none", parts) else None
+            label = f"produce acks=all, {n_parts} partition(s), keyed, {codec}"
+            plan.append((label, n_parts, "all", True, codec, False, then))
+    for label, n_parts, acks, keyed, codec, fsync, then in plan:
+        with tempfile.TemporaryDirectory(prefix="bench-kafka-") as d:
+            srv = Server(Path(d))
+            try:
+                t = f"bench-{int(time.time())}"
+                if fsync:
+                    srv.put(t, {"durability": "fsync"})
+                elif n_parts is not None:
+                    create(srv, t, n_parts)
+                r = produce(srv, t, values, acks, keyed=keyed, compression=codec)
+                r["phase"] = label
                 out["phases"].append(r)
                 print(r, flush=True)
-            if args.fsync:
-                t = f"bench-fsync-{stamp}"
-                srv.put(t, {"durability": "fsync"})
-                r = produce(srv, t, values, "all")
-                r["phase"] = "produce acks=all, fsync topic"
-                out["phases"].append(r)
-                print(r, flush=True)
-            parts = args.partitions
-            for codec in ("none", "lz4"):
-                t = f"bench-p{parts}-{codec}-{stamp}"
-                create(srv, t, parts)
-                r = produce(srv, t, values, "all", keyed=True, compression=codec)
-                r["phase"] = f"produce acks=all, {parts} partitions, keyed, {codec}"
-                out["phases"].append(r)
-                print(r, flush=True)
-            r = consume(srv, f"bench-1-{stamp}", args.n)
-            r["phase"] = "consume (assign, 1 partition, from 0)"
-            out["phases"].append(r)
-            print(r, flush=True)
-            r = group_consume(srv, f"bench-p{parts}-none-{stamp}", args.n, args.members)
-            r["phase"] = f"consume (group of {args.members}, {parts} partitions)"
-            out["phases"].append(r)
-            print(r, flush=True)
-        finally:
-            srv.stop()
+                if then == "assign":
+                    r = consume(srv, t, args.n)
+                    r["phase"] = "consume (assign, 1 partition, from 0)"
+                elif then == "group":
+                    r = group_consume(srv, t, args.n, args.members)
+                    r["phase"] = f"consume (group of {args.members}, {parts} partitions)"
+                if then is not None:
+                    out["phases"].append(r)
+                    print(r, flush=True)
+            finally:
+                srv.stop()
     print()
     print(table(out["phases"]))
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
