@@ -32,7 +32,7 @@ from topics.kafka import errors as E
 from topics.kafka import protocol as P
 from topics.kafka.api_admin import topic_config_from_kafka
 from topics.kafka.api_metadata import CLUSTER_ID, NODE_ID
-from topics.kafka.backend import BackendError
+from topics.kafka.backend import BackendError, KafkaBackend
 from topics.kafka.naming import kafka_name_ok, partition_name
 
 if TYPE_CHECKING:
@@ -108,37 +108,29 @@ class Refused(Exception):
 
 # ------------------------------------------------------------------ the tables
 
-#: `/v0` fields listed under their own names: (name, type, default, doc).
+#: `/v0` fields listed under their own names: (name, type, doc). Their
+#: defaults are the engine's (:meth:`KafkaBackend.default_config`).
 #: `ttl_ms` and `cap_bytes` are shown as `retention.ms` / `retention.bytes`,
 #: and `durable` (an alias of `durability` = fsync) is not listed; all three
-#: are still accepted by the alter APIs. The defaults are docs/API.md's, "5.
-#: The topic config object".
-_V0_FIELDS: tuple[tuple[str, int, str | None, str], ...] = (
-    ("type", STRING, "log", "log or queue; fixed when the topic is created"),
-    ("cap_records", LONG, "0", "keep only the newest cap_records seqs (0 = off)"),
-    ("discard", STRING, "old", "over a cap: evict the oldest records (old) or refuse the write"),
-    (
-        "durability",
-        STRING,
-        "disk",
-        "ephemeral, memory, disk or fsync: when a write is acknowledged",
-    ),
-    ("priority", INT, None, "manual delivery priority (null = none)"),
-    ("auto_priority", BOOLEAN, "true", "recently read topics rank higher without a priority"),
-    ("auto_create", BOOLEAN, "true", "whether a creating write may create the topic"),
-    ("idempotency_window_ms", LONG, "120000", "how long idempotency keys are remembered"),
-    ("dedupe_node", BOOLEAN, "true", "false turns off the readers' node filter"),
-    ("lease_ms", LONG, "30000", "queue: default lease length"),
-    ("claim_jitter_ms", LONG, "0", "queue: window in which concurrent claims are served together"),
-    (
-        "max_deliveries",
-        LONG,
-        "0",
-        "queue: deliveries after which a job is dead-lettered (0 = no limit)",
-    ),
-    ("dead_letter", STRING, None, "queue: where exhausted jobs go"),
-    ("leases_durable", BOOLEAN, "false", "queue: log lease changes so they survive a restart"),
+#: are still accepted by the alter APIs (docs/API.md, "5. The topic config
+#: object").
+_V0_FIELDS: tuple[tuple[str, int, str], ...] = (
+    ("type", STRING, "log or queue; fixed when the topic is created"),
+    ("cap_records", LONG, "keep only the newest cap_records seqs (0 = off)"),
+    ("discard", STRING, "over a cap: evict the oldest records (old) or refuse the write"),
+    ("durability", STRING, "ephemeral, memory, disk or fsync: when a write is acknowledged"),
+    ("priority", INT, "manual delivery priority (null = none)"),
+    ("auto_priority", BOOLEAN, "recently read topics rank higher without a priority"),
+    ("auto_create", BOOLEAN, "whether a creating write may create the topic"),
+    ("idempotency_window_ms", LONG, "how long idempotency keys are remembered"),
+    ("dedupe_node", BOOLEAN, "false turns off the readers' node filter"),
+    ("lease_ms", LONG, "queue: default lease length"),
+    ("claim_jitter_ms", LONG, "queue: window in which concurrent claims are served together"),
+    ("max_deliveries", LONG, "queue: deliveries after which a job is dead-lettered (0 = no limit)"),
+    ("dead_letter", STRING, "queue: where exhausted jobs go"),
+    ("leases_durable", BOOLEAN, "queue: log lease changes so they survive a restart"),
 )
+_V0_DEFAULTS = KafkaBackend.default_config()
 _V0_NAMES = frozenset(n for n, *_ in _V0_FIELDS)
 
 #: Names the alter APIs accept besides the listed ones: `/v0` aliases.
@@ -269,7 +261,8 @@ def topic_entries(broker: Broker, conn: ConnState, body: dict[str, Any]) -> list
         ),
     ]
     v0 = []
-    for name, typ, default, doc in _V0_FIELDS:
+    for name, typ, doc in _V0_FIELDS:
+        default = _render(_V0_DEFAULTS[name])
         raw = body.get(name)
         if name == "dead_letter" and isinstance(raw, str) and ns and raw.startswith(ns):
             raw = raw[len(ns) :]

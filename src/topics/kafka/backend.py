@@ -142,6 +142,13 @@ class KafkaBackend:
         ]
         return sorted(found, key=lambda n: int(n[len(head) :]))
 
+    @staticmethod
+    def default_config() -> dict[str, Any]:
+        """The `/v0` config object of a topic created with `{}` (docs/API.md, "5. The topic config object")."""
+        from topics.engine.topic_config import parse_topic_config
+
+        return dict(parse_topic_config({}).to_wire())
+
     def config_body(self, name: str) -> dict[str, Any] | None:
         """The `/v0` config object of `name` (docs/API.md, "5. The topic config object"), or None."""
         t = self.engine.get(name)
