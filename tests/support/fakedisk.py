@@ -227,6 +227,7 @@ class FakeDisk:
         self._live: dict[str, dict[str, int]] = {"/": {}}
         self._durable: dict[str, dict[str, int]] = {"/": {}}
         self._dir_pending: list[_DirOp] = []
+        self._dir_alias: dict[str, str] = {}  # renamed directory -> its former path
         self._frozen = False
         self._epoch = 0
         self._armed: _Arm | None = None
@@ -296,7 +297,9 @@ class FakeDisk:
         with self._lock:
             if not self._frozen:
                 raise RuntimeError("recover() without a crash")
-            self._live = {d: dict(entries) for d, entries in self._durable.items()}
+            reach = self._reachable(self._durable)
+            self._live = {d: dict(e) for d, e in self._durable.items() if d in reach}
+            self._dir_alias = {}
             for node in self._inodes.values():
                 node.live = bytearray(node.durable)
                 node.pending = []
@@ -411,7 +414,8 @@ class FakeDisk:
             if ino is None:
                 raise _oserror(errno.ENOENT, s)
             if ino == _DIR:
-                raise _oserror(errno.EISDIR, s, "FakeDisk does not rename directories")
+                self._rename_dir(s, d, sparent, sname)
+                return
             dparent, dname = posixpath.split(d)
             dentries = self._dir(dparent, d)
             if dentries.get(dname) == _DIR:
@@ -425,6 +429,40 @@ class FakeDisk:
                     self._queue_dirop(sparent, {sname: None})
                     self._queue_dirop(dparent, {dname: ino})
             self._count("replace", d)
+
+    def _rename_dir(self, s: str, d: str, sparent: str, sname: str) -> None:
+        """rename(2) of a directory onto an absent name (or an empty directory).
+
+        The live subtree moves at once. The rename itself becomes durable with its
+        parents' fsyncs, like any directory entry; the renamed directory's own
+        contents are durable as far as they were fsynced, under whichever name
+        survives a crash: the durable entries are copied to the new paths and an
+        fsync of a directory under the new name updates the old one too.
+        """
+        if d == s or d.startswith(s + "/"):
+            raise _oserror(errno.EINVAL, d)
+        dparent, dname = posixpath.split(d)
+        dentries = self._dir(dparent, d)
+        existing = dentries.get(dname)
+        if existing is not None:
+            if existing != _DIR:
+                raise _oserror(errno.ENOTDIR, d)
+            if self._live.get(d):
+                raise _oserror(errno.ENOTEMPTY, d)
+        moved = [k for k in self._live if k == s or k.startswith(s + "/")]
+        for k in moved:
+            self._live[d + k[len(s) :]] = self._live.pop(k)
+        for k in [k for k in self._durable if k == s or k.startswith(s + "/")]:
+            self._durable[d + k[len(s) :]] = dict(self._durable[k])
+        self._dir_alias[d] = s
+        del self._dir(sparent, s)[sname]
+        dentries[dname] = _DIR
+        if sparent == dparent:
+            self._queue_dirop(sparent, {sname: None, dname: _DIR})
+        else:
+            self._queue_dirop(sparent, {sname: None})
+            self._queue_dirop(dparent, {dname: _DIR})
+        self._count("replace", d)
 
     def unlink(self, path: str) -> None:
         p = _norm(path)
@@ -542,6 +580,11 @@ class FakeDisk:
             if not self.lying_fsync:
                 self._durable[p] = dict(entries)
                 self._dir_pending = [op for op in self._dir_pending if op.dir != p]
+                # A renamed directory's contents are durable under its old name too
+                # (the rename itself may not be).
+                for new, old in self._dir_alias.items():
+                    if p == new or p.startswith(new + "/"):
+                        self._durable[old + p[len(new) :]] = dict(entries)
             self._count("fsync_dir", p)
 
     # ------------------------------------------------------------- internals

@@ -42,6 +42,7 @@ import logging
 import mmap
 import posixpath
 import struct
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -67,7 +68,9 @@ from topics.storage.topicstore import (
     SegMeta,
     TopicStore,
     flip_deleted,
-    remove_topic_dir,
+    retire_topic_dir,
+    retired_dirs,
+    unlink_dir,
 )
 from topics.storage.wal import WalEntry, WalPosition, prune_files
 
@@ -152,6 +155,54 @@ class _Result:
     flips_failed: bool = False
 
 
+class Reaper:
+    """Unlinks deleted topics' retired directories on a thread of its own.
+
+    A topic delete renames the directory (`topics/<id>.deleted`) once a durable
+    snapshot no longer relies on it; unlinking its files, which may take long
+    for a big topic, happens here, never in a checkpoint cycle or on the event
+    loop. Every checkpoint cycle lists the retired directories again, so one
+    whose unlink failed or was cut short by a crash is finished after the next
+    cycle (docs/FORMATS.md, "Deleted topics"). Thread-safe.
+    """
+
+    def __init__(self, fs: Fs) -> None:
+        self.fs = fs
+        self.done = 0
+        self.failed = 0
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self._queued: set[str] = set()
+
+    def unlink(self, path: str) -> None:
+        """Queue the retired directory `path` for unlinking (once while it is queued)."""
+        with self._lock:
+            if path in self._queued:
+                return
+            self._queued.add(path)
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="topics-reaper")
+            self._pool.submit(self._one, path)
+
+    def _one(self, path: str) -> None:
+        try:
+            unlink_dir(self.fs, path)
+            self.done += 1
+        except OSError as exc:  # listed again by the next checkpoint cycle
+            self.failed += 1
+            log.warning("cannot unlink %s (retried after the next checkpoint): %s", path, exc)
+        finally:
+            with self._lock:
+                self._queued.discard(path)
+
+    def stop(self) -> None:
+        """Finish the queued unlinks and stop the thread (blocking)."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+
 class Checkpointer:
     """Runs checkpoint cycles for one engine and its WAL journal.
 
@@ -196,6 +247,7 @@ class Checkpointer:
         # that no longer relies on them (then _remove_unpublished deletes them).
         self._drops_pending: list[tuple[TopicStore, SegMeta]] = []
         self._gone_pending: list[int] = []
+        self.reaper = Reaper(fs)
         # True from a failed periodic cycle to the next good one: errors of the
         # same stretch (a full disk, say) are logged once, not every cycle.
         self._failing = False
@@ -228,6 +280,7 @@ class Checkpointer:
             except Exception as exc:
                 log.error("checkpoint failed: %s", exc)
         self._release_handles()  # a stopping storage (graceful or not) keeps no descriptors
+        await asyncio.to_thread(self.reaper.stop)
 
     def force_next(self) -> None:
         """Make the next trigger check run a cycle (e.g. after a large WAL replay)."""
@@ -544,14 +597,22 @@ class Checkpointer:
                 log.warning("cannot drop segment %d of %s: %s", seg.first_seq, store.dir, exc)
                 self._drops_pending.append((store, seg))
         gone, self._gone_pending = self._gone_pending, []
+        roots = [r for r in (self.data_dir, self.cold_dir) if r]
         for tid in gone:
             try:
-                remove_topic_dir(fs, self.data_dir, tid)
-                if self.cold_dir:
-                    remove_topic_dir(fs, self.cold_dir, tid)
+                for root in roots:
+                    retire_topic_dir(fs, root, tid)
             except OSError as exc:
-                log.warning("cannot remove the files of deleted topic %016x: %s", tid, exc)
+                log.warning("cannot retire the files of deleted topic %016x: %s", tid, exc)
                 self._gone_pending.append(tid)
+        # Every retired directory, this cycle's and any an earlier run (or a crash)
+        # left behind, goes to the reaper (which ignores one it already has).
+        for root in roots:
+            try:
+                for path in retired_dirs(fs, root):
+                    self.reaper.unlink(path)
+            except OSError as exc:
+                log.warning("cannot list the retired topic directories of %s: %s", root, exc)
 
     def _all_topic_files(
         self, plans: list[_Plan], now: int

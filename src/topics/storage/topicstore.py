@@ -75,7 +75,10 @@ __all__ = [
     "RELIES_ON_NOTHING",
     "load_topic",
     "flip_deleted",
-    "remove_topic_dir",
+    "retire_topic_dir",
+    "retired_dirs",
+    "unlink_dir",
+    "RETIRED_SUFFIX",
 ]
 
 log = logging.getLogger("topics.segments")
@@ -840,14 +843,53 @@ def flip_deleted(fs: Fs, idx_path: str, first_seq: int, seqs: list[int]) -> None
         f.close()
 
 
-def remove_topic_dir(fs: Fs, root: str, topic_id: int) -> None:
-    """Unlink every file of a deleted topic instance's directory under `root`, then the directory."""
+#: Suffix of a deleted topic's directory waiting to be unlinked (docs/FORMATS.md,
+#: "Deleted topics").
+RETIRED_SUFFIX = ".deleted"
+
+
+def retire_topic_dir(fs: Fs, root: str, topic_id: int) -> str | None:
+    """Rename a deleted topic instance's directory under `root` to `<id>.deleted`.
+
+    The rename (and the fsync of `topics/`) is the only step taken inline; the
+    files are unlinked later by :func:`unlink_dir`, in the background. A
+    leftover directory of the same name from an interrupted earlier attempt is
+    unlinked first. Returns the new path, or None when the directory is absent.
+    Raises OSError from the fs.
+    """
     d = topic_dir(root, topic_id)
     open_files.close_under(d)
     if not fs.exists(d):
+        return None
+    dest = d + RETIRED_SUFFIX
+    if fs.exists(dest):
+        unlink_dir(fs, dest)
+    fs.replace(d, dest)
+    fs.fsync_dir(posixpath.dirname(d))
+    return dest
+
+
+def retired_dirs(fs: Fs, root: str) -> list[str]:
+    """Every `topics/<id>.deleted` directory under `root` (an unlink cut short)."""
+    base = posixpath.join(root, "topics")
+    if not fs.exists(base):
+        return []
+    return [posixpath.join(base, n) for n in sorted(fs.listdir(base)) if n.endswith(RETIRED_SUFFIX)]
+
+
+def unlink_dir(fs: Fs, d: str) -> None:
+    """Unlink every file of directory `d`, fsync it, remove it and fsync its parent.
+
+    Idempotent: a missing directory (or file) is fine, so an unlink cut short by a
+    crash is finished by calling it again.
+    """
+    if not fs.exists(d):
         return
     for name in fs.listdir(d):
-        fs.unlink(posixpath.join(d, name))
+        try:
+            fs.unlink(posixpath.join(d, name))
+        except FileNotFoundError:
+            continue
     fs.fsync_dir(d)
     fs.rmdir(d)
     fs.fsync_dir(posixpath.dirname(d))
