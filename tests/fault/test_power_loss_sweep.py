@@ -151,10 +151,18 @@ def test_torn_multi_record_batch_is_all_or_nothing() -> None:
     assert not errs, "\n".join(errs)
 
 
-@pytest.mark.parametrize("flavour", CRASH_FLAVOURS, ids=flavour_id)
+# The torn flavours of the every-point sweep run in the full tier only: the quick
+# tier keeps drop_all and subset.
+EVERY_POINT = [
+    pytest.param(f, id=flavour_id(f), marks=[pytest.mark.slow] if f[0] == "torn_last" else [])
+    for f in CRASH_FLAVOURS
+]
+
+
+@pytest.mark.parametrize("flavour", EVERY_POINT)
 def test_sweep_every_point_single_record(flavour: tuple[str, str | None, int]) -> None:
     """The full sweep (every op) for single-record batches: the CrashMonkey-sized
-    check, cheap enough (~0.3 s per flavour) to run by default."""
+    check (about 2 s per flavour)."""
     m = _probe(SINGLE)
     errs: list[str] = []
     for k in range(m + 1):
