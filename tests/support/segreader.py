@@ -10,24 +10,28 @@ checks of :func:`~topics.storage.segment.frame_problem`, the in-place delete fla
 from __future__ import annotations
 
 import mmap
+import struct
 from collections.abc import Iterable
+from pathlib import Path
 from types import TracebackType
 
 import numpy as np
+import xxhash
 
 from topics.format.idx import DELETED, IDX_ENTRY_DTYPE, IDX_ENTRY_SIZE
 from topics.fs import File, Fs
-from topics.storage.fs import write_all
+from topics.storage.fs import RealFs, write_all
 from topics.storage.segment import (
     MIN_FRAME_LEN,
     IdxArray,
     SegmentCorrupt,
     SegmentRangeError,
+    SegmentWriter,
     frame_problem,
     segment_paths,
 )
 
-__all__ = ["SegmentReader"]
+__all__ = ["SegmentReader", "seg_frame", "sealed_parts"]
 
 FLAGS_OFF = 16  # byte offset of `flags` inside one `.idx` entry (docs/FORMATS.md)
 
@@ -277,3 +281,21 @@ class SegmentReader:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def seg_frame(seq: int, ts: int, data: bytes) -> bytes:
+    """A segment frame per docs/FORMATS.md (no node/tag)."""
+    head = struct.pack("<IBQQQHHI", 33 + len(data) + 8, 0, 7, seq, ts, 0, 0, len(data))
+    body = head[4:] + data
+    return head[:4] + body + xxhash.xxh3_64_intdigest(body).to_bytes(8, "little")
+
+
+def sealed_parts(tmp: Path, first: int, n: int) -> tuple[bytes, bytes]:
+    """The (.data, .idx) bytes of a real sealed segment built by SegmentWriter."""
+    d = str(tmp / "build")
+    w = SegmentWriter(RealFs(), d, first)
+    for i in range(n):
+        w.append(seg_frame(first + i, 1000 + i, b'{"i":%d}' % i), 1000 + i, 0)
+    w.seal()
+    p = segment_paths(d, first)
+    return Path(p.data).read_bytes(), Path(p.idx).read_bytes()

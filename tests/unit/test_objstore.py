@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -23,8 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-import xxhash
-from tests.support.segreader import SegmentReader
+from tests.support.segreader import SegmentReader, sealed_parts
 
 from topics.storage.fs import RealFs
 from topics.storage.objstore import (
@@ -35,7 +33,7 @@ from topics.storage.objstore import (
     is_object_url,
     shared_range_cache,
 )
-from topics.storage.segment import SegmentRangeError, SegmentWriter, segment_paths
+from topics.storage.segment import SegmentRangeError, segment_paths
 from topics.storage.segstore import SegmentPart, SegmentStore
 
 DATA, IDX = SegmentPart.DATA, SegmentPart.IDX
@@ -202,24 +200,6 @@ def fresh(
         **kw,
     )
     return root.store(next(_topic))
-
-
-def seg_frame(seq: int, ts: int, data: bytes) -> bytes:
-    """A segment frame per docs/FORMATS.md (no node/tag)."""
-    head = struct.pack("<IBQQQHHI", 33 + len(data) + 8, 0, 7, seq, ts, 0, 0, len(data))
-    body = head[4:] + data
-    return head[:4] + body + xxhash.xxh3_64_intdigest(body).to_bytes(8, "little")
-
-
-def sealed_parts(tmp: Path, first: int, n: int) -> tuple[bytes, bytes]:
-    """The (.data, .idx) bytes of a real sealed segment built by SegmentWriter."""
-    d = str(tmp / "build")
-    w = SegmentWriter(RealFs(), d, first)
-    for i in range(n):
-        w.append(seg_frame(first + i, 1000 + i, b'{"i":%d}' % i), 1000 + i, 0)
-    w.seal()
-    p = segment_paths(d, first)
-    return Path(p.data).read_bytes(), Path(p.idx).read_bytes()
 
 
 def _closed_port() -> int:
