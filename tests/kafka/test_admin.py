@@ -683,6 +683,11 @@ def test_describe_cluster(srv: InProcess) -> None:
     assert d.cluster_id == "topics-single-node"
     assert d.controller.id == 0
     assert [(n.id, n.host, n.port) for n in d.nodes] == [(0, host, int(port))]
+    # librdkafka asks Metadata (v8-10) for the cluster's authorized operations
+    from confluent_kafka.admin import AclOperation
+
+    assert d.authorized_operations is not None
+    assert {AclOperation.DESCRIBE, AclOperation.ALTER_CONFIGS} <= set(d.authorized_operations)
     py = py_admin(srv.bootstrap)
     try:
         info = py.describe_cluster()  # DescribeCluster (librdkafka asks Metadata)

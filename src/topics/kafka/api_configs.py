@@ -31,7 +31,7 @@ from topics.config import SCOPE_ADMIN, SCOPE_READ, SCOPE_WRITE
 from topics.kafka import errors as E
 from topics.kafka import protocol as P
 from topics.kafka.api_admin import topic_config_from_kafka
-from topics.kafka.api_metadata import CLUSTER_ID, NODE_ID
+from topics.kafka.api_metadata import CLUSTER_ID, NODE_ID, cluster_ops
 from topics.kafka.backend import BackendError, KafkaBackend
 from topics.kafka.naming import kafka_name_ok, partition_name
 
@@ -64,14 +64,6 @@ BOOLEAN, STRING, INT, LONG, LIST = 1, 2, 3, 5, 7
 
 # IncrementalAlterConfigs operations.
 OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
-
-#: ACL operations on the cluster, as the codec carries them (a set of
-#: operation numbers; None = not requested): DESCRIBE (8), plus CREATE (5),
-#: ALTER (7), DESCRIBE_CONFIGS (10), ALTER_CONFIGS (11) with the `admin` scope
-#: and IDEMPOTENT_WRITE (12) with `write`.
-_OPS_DESCRIBE = frozenset({8})
-_OPS_ADMIN = frozenset({5, 7, 10, 11})
-_OPS_WRITE = frozenset({12})
 
 
 @dataclass(frozen=True, slots=True)
@@ -686,16 +678,6 @@ def refuse_incremental_alter_configs(broker: Broker, req: Any, code: int) -> Any
 # ------------------------------------------------------------------- cluster
 
 
-def _cluster_ops(conn: ConnState) -> set[int]:
-    p = conn.principal
-    ops = set(_OPS_DESCRIBE)
-    if p is not None and p.has(SCOPE_ADMIN):
-        ops |= _OPS_ADMIN
-    if p is not None and p.has(SCOPE_WRITE):
-        ops |= _OPS_WRITE
-    return ops
-
-
 def describe_cluster(broker: Broker, conn: ConnState, req: Any, v: int) -> Any:
     """DescribeCluster: this node as the only broker and the controller.
 
@@ -717,7 +699,7 @@ def describe_cluster(broker: Broker, conn: ConnState, req: Any, v: int) -> Any:
             brokers=[],
             authorized_operations=None,
         )
-    ops = _cluster_ops(conn) if req.include_cluster_authorized_operations else None
+    ops = cluster_ops(conn) if req.include_cluster_authorized_operations else None
     return R(
         throttle_time_ms=0,
         error_code=E.NONE,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from topics.config import SCOPE_READ, SCOPE_WRITE
+from topics.config import SCOPE_ADMIN, SCOPE_READ, SCOPE_WRITE
 from topics.kafka import errors as E
 from topics.kafka import protocol as P
 from topics.kafka.backend import BackendError
@@ -24,12 +24,32 @@ from topics.kafka.naming import kafka_name_ok
 if TYPE_CHECKING:
     from topics.kafka.broker import Broker, ConnState
 
-__all__ = ["NODE_ID", "CLUSTER_ID", "metadata", "refuse_metadata"]
+__all__ = ["NODE_ID", "CLUSTER_ID", "cluster_ops", "metadata", "refuse_metadata"]
 
 log = logging.getLogger("topics.kafka")
 
 NODE_ID = 0
 CLUSTER_ID = "topics-single-node"
+
+
+#: ACL operations on the cluster, as the codec carries them (a set of
+#: operation numbers; None = not requested): DESCRIBE (8), plus CREATE (5),
+#: ALTER (7), DESCRIBE_CONFIGS (10), ALTER_CONFIGS (11) with the `admin` scope
+#: and IDEMPOTENT_WRITE (12) with `write`.
+_OPS_DESCRIBE = frozenset({8})
+_OPS_ADMIN = frozenset({5, 7, 10, 11})
+_OPS_WRITE = frozenset({12})
+
+
+def cluster_ops(conn: ConnState) -> set[int]:
+    """The cluster operations the connection's key may perform (Metadata, DescribeCluster)."""
+    p = conn.principal
+    ops = set(_OPS_DESCRIBE)
+    if p is not None and p.has(SCOPE_ADMIN):
+        ops |= _OPS_ADMIN
+    if p is not None and p.has(SCOPE_WRITE):
+        ops |= _OPS_WRITE
+    return ops
 
 
 def broker_list(broker: Broker, R: Any) -> list[Any]:
@@ -99,12 +119,14 @@ async def metadata(broker: Broker, conn: ConnState, req: Any, v: int) -> Any:
                 for i in range(backend.partition_count(stored))
             ]
         topics.append(T(error_code=err, name=name, is_internal=False, partitions=parts))
+    asked = 8 <= v <= 10 and bool(req.include_cluster_authorized_operations)
     return R(
         throttle_time_ms=0,
         brokers=broker_list(broker, R.MetadataResponseBroker),
         cluster_id=CLUSTER_ID,
         controller_id=NODE_ID,
         topics=topics,
+        authorized_operations=cluster_ops(conn) if asked else None,
     )
 
 
