@@ -299,12 +299,7 @@ async def delete_records(broker: Broker, conn: ConnState, req: Any, v: int) -> A
         may = broker.allowed(conn, SCOPE_DELETE, conn.stored(t.name))
         for p in t.partitions:
             err, low = E.NONE, -1
-            stored = conn.stored(t.name, p.partition_index)
-            part = (
-                backend.partition(stored)
-                if p.partition_index >= 0 and kafka_name_ok(t.name)
-                else None
-            )
+            stored, part = broker.locate(conn, t.name, p.partition_index)
             if not may:
                 err = E.TOPIC_AUTHORIZATION_FAILED
             elif part is None:

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 from topics.config import SCOPE_READ
 from topics.kafka import errors as E
 from topics.kafka import protocol as P
-from topics.kafka.naming import kafka_name_ok
 from topics.kafka.records import append_time_batches, to_kafka
 from topics.storage.reads import history_gate, read_pool
 
@@ -37,10 +36,9 @@ def _readable(
 ) -> tuple[int, Partition | None, str]:
     """(error code, watermarks, stored name) of partition `index` of Kafka topic
     `name` for a reader."""
-    stored = conn.stored(name, index)
     if not broker.allowed(conn, SCOPE_READ, conn.stored(name)):
-        return E.TOPIC_AUTHORIZATION_FAILED, None, stored
-    part = broker.backend.partition(stored) if index >= 0 and kafka_name_ok(name) else None
+        return E.TOPIC_AUTHORIZATION_FAILED, None, conn.stored(name, index)
+    stored, part = broker.locate(conn, name, index)
     if part is None:
         return E.UNKNOWN_TOPIC_OR_PARTITION, None, stored
     return E.NONE, part, stored

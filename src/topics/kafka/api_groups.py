@@ -23,7 +23,6 @@ from topics.kafka import protocol as P
 from topics.kafka.api_metadata import NODE_ID
 from topics.kafka.backend import BackendError
 from topics.kafka.groups import COMPLETING, DEAD, EMPTY, STABLE, Group, subscribed_topics
-from topics.kafka.naming import kafka_name_ok
 
 if TYPE_CHECKING:
     from topics.kafka.broker import Broker, ConnState
@@ -423,11 +422,7 @@ async def offset_delete(broker: Broker, conn: ConnState, req: Any, v: int) -> An
             elif broker.offsets.get(tenant, gid, t.name, idx) is not None:
                 codes[key] = E.NONE
                 doomed.append(key)
-            elif (
-                idx < 0
-                or not kafka_name_ok(t.name)
-                or broker.backend.partition(conn.stored(t.name, idx)) is None
-            ):
+            elif broker.locate(conn, t.name, idx)[1] is None:
                 codes[key] = E.UNKNOWN_TOPIC_OR_PARTITION
             else:
                 codes[key] = E.NONE

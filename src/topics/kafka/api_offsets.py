@@ -25,7 +25,6 @@ from topics.config import SCOPE_READ
 from topics.kafka import errors as E
 from topics.kafka import protocol as P
 from topics.kafka.backend import BackendError
-from topics.kafka.naming import kafka_name_ok
 
 if TYPE_CHECKING:
     from topics.kafka.broker import Broker, ConnState
@@ -63,11 +62,7 @@ async def offset_commit(broker: Broker, conn: ConnState, req: Any, v: int) -> An
                 codes[key] = gate
             elif not broker.allowed(conn, SCOPE_READ, conn.stored(t.name)):
                 codes[key] = E.TOPIC_AUTHORIZATION_FAILED
-            elif (
-                p.partition_index < 0
-                or not kafka_name_ok(t.name)
-                or broker.backend.partition(conn.stored(t.name, p.partition_index)) is None
-            ):
+            elif broker.locate(conn, t.name, p.partition_index)[1] is None:
                 codes[key] = E.UNKNOWN_TOPIC_OR_PARTITION
             else:
                 codes[key] = E.NONE

@@ -27,7 +27,6 @@ from topics.config import SCOPE_WRITE
 from topics.kafka import errors as E
 from topics.kafka import protocol as P
 from topics.kafka.backend import BackendError, Staged
-from topics.kafka.naming import kafka_name_ok
 from topics.kafka.producers import Duplicate
 from topics.kafka.records import RecordError, decode_batches, to_new_records
 from topics.storage.reads import history_gate
@@ -62,9 +61,7 @@ def _stage_partition(
         res.error = E.TOPIC_AUTHORIZATION_FAILED
         return res
     b = broker.backend
-    ok_name = kafka_name_ok(name)
-    name = conn.stored(name, index)
-    part = b.partition(name) if index >= 0 and ok_name else None
+    name, part = broker.locate(conn, name, index)
     if part is None:
         res.error = E.UNKNOWN_TOPIC_OR_PARTITION
         return res

@@ -26,9 +26,9 @@ from topics.config import SCOPE_READ
 from topics.kafka import errors as E
 from topics.kafka import protocol as P
 from topics.kafka.apis import APIS, api_versions_response
-from topics.kafka.backend import KafkaBackend
+from topics.kafka.backend import KafkaBackend, Partition
 from topics.kafka.groups import Coordinator
-from topics.kafka.naming import partition_name
+from topics.kafka.naming import kafka_name_ok, partition_name
 from topics.kafka.offsets import OffsetStore
 from topics.kafka.producers import ProducerIds, SequenceTable
 
@@ -126,6 +126,16 @@ class Broker:
             and p.allows_name(name)
             and name not in self.backend.hidden
         )
+
+    def locate(self, conn: ConnState, topic: str, index: int) -> tuple[str, Partition | None]:
+        """Partition `index` of Kafka topic `topic` for this connection: its stored
+        `/v0` name and watermarks, or None for watermarks when no such partition
+        exists (an absent topic or partition, a negative index, or a name that
+        itself names a partition: docs/KAFKA.md, "Partitions"). No scope check."""
+        stored = conn.stored(topic, index)
+        if index < 0 or not kafka_name_ok(topic):
+            return stored, None
+        return stored, self.backend.partition(stored)
 
     @staticmethod
     def group_allowed(conn: ConnState) -> bool:
