@@ -351,19 +351,32 @@ def _describe_one(broker: Broker, conn: ConnState, res: Any) -> list[Entry]:
         if name not in ("", str(NODE_ID)):
             raise Refused(E.INVALID_REQUEST, f"this server is broker {NODE_ID}, not {name!r}")
         return broker_entries(broker, conn)
+    stored, body = _topic_resource(broker, conn, rtype, name, (SCOPE_READ, SCOPE_ADMIN))
+    return topic_entries(broker, conn, body)
+
+
+def _topic_resource(
+    broker: Broker, conn: ConnState, rtype: int, name: str, scopes: tuple[str, ...]
+) -> tuple[str, dict[str, Any]]:
+    """The stored name and `/v0` config of the TOPIC resource `name`, for a key
+    holding any of `scopes` on it; raises :class:`Refused` (INVALID_REQUEST for
+    another resource type, TOPIC_AUTHORIZATION_FAILED, INVALID_TOPIC_EXCEPTION,
+    UNKNOWN_TOPIC_OR_PARTITION)."""
     if rtype != TOPIC:
         raise Refused(
             E.INVALID_REQUEST, f"resource type {rtype} is not supported (TOPIC or BROKER)"
         )
     stored = conn.stored(name)
-    if not (broker.allowed(conn, SCOPE_READ, stored) or broker.allowed(conn, SCOPE_ADMIN, stored)):
-        raise Refused(E.TOPIC_AUTHORIZATION_FAILED, "the key lacks read or admin on this topic")
+    if not any(broker.allowed(conn, sc, stored) for sc in scopes):
+        raise Refused(
+            E.TOPIC_AUTHORIZATION_FAILED, f"the key lacks {' or '.join(scopes)} on this topic"
+        )
     if not kafka_name_ok(name):
         raise Refused(E.INVALID_TOPIC_EXCEPTION, "a name ending in :<n> names a partition")
     body = broker.backend.config_body(stored)
     if body is None:
         raise Refused(E.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
-    return topic_entries(broker, conn, body)
+    return stored, body
 
 
 def describe_configs(broker: Broker, conn: ConnState, req: Any, v: int) -> Any:
@@ -541,19 +554,7 @@ def _alter_target(broker: Broker, conn: ConnState, res: Any) -> tuple[str, dict[
                 "environment at startup",
             )
         return None
-    if rtype != TOPIC:
-        raise Refused(
-            E.INVALID_REQUEST, f"resource type {rtype} is not supported (TOPIC or BROKER)"
-        )
-    stored = conn.stored(name)
-    if not broker.allowed(conn, SCOPE_ADMIN, stored):
-        raise Refused(E.TOPIC_AUTHORIZATION_FAILED, "the key lacks admin on this topic")
-    if not kafka_name_ok(name):
-        raise Refused(E.INVALID_TOPIC_EXCEPTION, "a name ending in :<n> names a partition")
-    body = broker.backend.config_body(stored)
-    if body is None:
-        raise Refused(E.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
-    return stored, body
+    return _topic_resource(broker, conn, rtype, name, (SCOPE_ADMIN,))
 
 
 async def _apply(broker: Broker, stored: str, body: dict[str, Any], validate_only: bool) -> None:
