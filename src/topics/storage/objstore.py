@@ -54,6 +54,8 @@ from topics.storage.segstore import SegmentId, SegmentPart
 if TYPE_CHECKING:
     from obstore.store import S3Config, S3Store
 
+    from topics.fs import File, Fs
+
 __all__ = [
     "DEFAULT_CACHE_BYTES",
     "DEFAULT_TIMEOUT_MS",
@@ -66,6 +68,11 @@ __all__ = [
     "RangeCache",
     "ObjectColdRoot",
     "ObjectSegmentStore",
+    "ObjectFs",
+    "ObjectFile",
+    "RoutedFs",
+    "cold_root",
+    "fs_for",
     "is_object_url",
     "shared_range_cache",
 ]
@@ -346,9 +353,29 @@ class ObjectColdRoot:
             },
         )
 
+        self._stores: dict[int, ObjectSegmentStore] = {}
+        self._stores_lock = threading.Lock()
+        #: A read-only :class:`ObjectFs` over this root (paths are full `s3://` urls).
+        self.fs = ObjectFs(self)
+
     def store(self, topic_id: int) -> ObjectSegmentStore:
-        """The segment store of one topic (`<prefix>/topics/<topic_id as %016x>/`)."""
-        return ObjectSegmentStore(self, topic_id)
+        """The segment store of one topic (`<prefix>/topics/<topic_id as %016x>/`), one per
+        topic and root (it remembers part sizes)."""
+        with self._stores_lock:
+            st = self._stores.get(topic_id)
+            if st is None:
+                st = self._stores[topic_id] = ObjectSegmentStore(self, topic_id)
+            return st
+
+    def key_of(self, path: str) -> str:
+        """The object key (relative to the prefix) of a full url under this root.
+
+        Raises FileNotFoundError for a path outside the root."""
+        if path == self.url:
+            return ""
+        if not path.startswith(self.url + "/"):
+            raise FileNotFoundError(errno.ENOENT, "not under the cold root " + self.url, path)
+        return path[len(self.url) + 1 :].strip("/")
 
 
 class ObjectSegmentStore:
@@ -369,6 +396,14 @@ class ObjectSegmentStore:
         self.url = f"{root.url}/{self._dir}"
         # cache namespace: the endpoint too, so two stores of one bucket name never mix
         self._ns = f"{root.endpoint}|{self.url}"
+        # Sizes of parts seen by a HEAD (dropped by put, delete and replace_idx).
+        self._sizes: dict[tuple[SegmentId, str], int] = {}
+        #: The read-only :class:`ObjectFs` of the root: `fs.open(self.path(...))` reads a part.
+        self.fs = root.fs
+
+    def path(self, id: SegmentId, part: SegmentPart) -> str:
+        """The part's full url (`s3://bucket/prefix/topics/.../seg-....data`), for :attr:`fs`."""
+        return f"{self.root.url}/{self.key(id, part)}"
 
     # -- naming
 
@@ -396,11 +431,21 @@ class ObjectSegmentStore:
     def _head(self, id: SegmentId, part: SegmentPart) -> int:
         import obstore
 
+        known = self._sizes.get((id, part.value))
+        if known is not None:
+            return known
         key = self.key(id, part)
         meta = self._call(
             "HEAD", self._where(id, part), lambda: obstore.head(self.root.client, key)
         )
-        return int(meta["size"])
+        size = int(meta["size"])
+        self._sizes[(id, part.value)] = size
+        return size
+
+    def _forget(self, id: SegmentId) -> None:
+        for part in SegmentPart:
+            self._sizes.pop((id, part.value), None)
+        self.root.cache.invalidate(self._ns, id)
 
     def _put(self, id: SegmentId, part: SegmentPart, payload: bytes) -> None:
         import obstore
@@ -436,15 +481,29 @@ class ObjectSegmentStore:
         has_idx = self.exists(id, SegmentPart.IDX)
         if has_data and has_idx:
             return
-        cache = self.root.cache
-        cache.invalidate(self._ns, id)
+        self._forget(id)
         try:
             if has_idx:
                 self._delete(id, SegmentPart.IDX)
             self._put(id, SegmentPart.DATA, data)
             self._put(id, SegmentPart.IDX, idx)
         finally:
-            cache.invalidate(self._ns, id)
+            self._forget(id)
+
+    def replace_idx(self, id: SegmentId, idx: bytes) -> None:
+        """Overwrite the `.idx` of a complete segment (one PUT, atomic: readers see the
+        old or the new object). For delete flags set after relocation
+        (docs/FORMATS.md, "Object-store cold tier"). Raises FileNotFoundError when
+        the segment's `.data` is gone, :class:`ColdStoreError` on a failure."""
+        if not self.exists(id, SegmentPart.DATA):
+            raise FileNotFoundError(
+                errno.ENOENT, "no such object", self._where(id, SegmentPart.DATA)
+            )
+        self._forget(id)
+        try:
+            self._put(id, SegmentPart.IDX, idx)
+        finally:
+            self._forget(id)
 
     def read_range(self, id: SegmentId, part: SegmentPart, offset: int, len: int) -> bytes:
         """Exactly `len` bytes of `part` at byte `offset`: one ranged GET, or the cache.
@@ -499,13 +558,12 @@ class ObjectSegmentStore:
         a failure in between leaves at most the `.idx` (not listed), and the
         delete may be retried.
         """
-        cache = self.root.cache
-        cache.invalidate(self._ns, id)
+        self._forget(id)
         try:
             self._delete(id, SegmentPart.DATA)
             self._delete(id, SegmentPart.IDX)
         finally:
-            cache.invalidate(self._ns, id)
+            self._forget(id)
 
     def list(self) -> builtins.list[SegmentId]:
         """Ids with both objects present, ascending (one paginated LIST of the topic's prefix).
@@ -547,3 +605,303 @@ class ObjectSegmentStore:
 
 
 _PART_RE = re.compile(r"/seg-(\d{16})\.(?:data|idx)$")
+_SEG_KEY_RE = re.compile(r"^topics/([0-9a-f]{16})/seg-(\d{16})\.(data|idx)$")
+
+
+# -- a read-only Fs over a cold root ----------------------------------------------
+
+
+def _read_only(path: str) -> OSError:
+    return OSError(
+        errno.EROFS, "the object-store cold tier is written through its segment store", path
+    )
+
+
+class ObjectFile:
+    """One object opened through :class:`ObjectFs` (the read side of :class:`topics.fs.File`).
+
+    `pread` is a ranged GET (short at the end of the object, like `pread(2)`);
+    parts of segments go through their :class:`ObjectSegmentStore`, so the
+    range cache and the remembered sizes serve them. Writes raise OSError (EROFS).
+    """
+
+    __slots__ = ("_fs", "_key", "_seg", "_size")
+
+    def __init__(self, fs: ObjectFs, key: str) -> None:
+        self._fs = fs
+        self._key = key
+        m = _SEG_KEY_RE.match(key)
+        self._seg: tuple[ObjectSegmentStore, SegmentId, SegmentPart] | None = None
+        if m is not None:
+            st = fs.root.store(int(m.group(1), 16))
+            self._seg = (st, int(m.group(2)), SegmentPart(m.group(3)))
+        self._size: int | None = None
+
+    def size(self) -> int:
+        """Object size in bytes (one HEAD, remembered). Raises FileNotFoundError, ColdStoreError."""
+        if self._size is None:
+            if self._seg is not None:
+                st, id, part = self._seg
+                self._size = st.len(id, part)
+            else:
+                import obstore
+
+                where = f"{self._fs.root.url}/{self._key}"
+                meta = ObjectSegmentStore._call(
+                    "HEAD", where, lambda: obstore.head(self._fs.root.client, self._key)
+                )
+                self._size = int(meta["size"])
+        return self._size
+
+    def pread(self, size: int, offset: int) -> bytes:
+        """Up to `size` bytes at `offset` (fewer only at the end of the object)."""
+        n = max(0, min(size, self.size() - offset))
+        if n == 0:
+            return b""
+        if self._seg is not None:
+            st, id, part = self._seg
+            return st.read_range(id, part, offset, n)
+        import obstore
+
+        where = f"{self._fs.root.url}/{self._key}"
+        got = ObjectSegmentStore._call(
+            "GET",
+            where,
+            lambda: obstore.get_range(self._fs.root.client, self._key, start=offset, length=n),
+        )
+        return bytes(got)
+
+    def map(self) -> None:
+        """Objects are never mapped (reads go through `pread`)."""
+        return None
+
+    def no_readahead(self) -> None:
+        """Nothing to do: a ranged GET reads exactly what is asked."""
+
+    def close(self) -> None:
+        """Nothing held between requests."""
+
+    def pwrite(self, data: object, offset: int) -> int:
+        raise _read_only(self._key)
+
+    def fdatasync(self) -> None:
+        raise _read_only(self._key)
+
+    def fsync(self) -> None:
+        raise _read_only(self._key)
+
+    def truncate(self, size: int) -> None:
+        raise _read_only(self._key)
+
+    def lock(self) -> bool:
+        raise _read_only(self._key)
+
+    def unlock(self) -> None:
+        raise _read_only(self._key)
+
+
+class ObjectFs:
+    """A read-mostly :class:`topics.fs.Fs` over one :class:`ObjectColdRoot`.
+
+    Paths are full urls under the root (`s3://bucket/prefix/topics/<id>/seg-...`);
+    a "directory" is a key prefix, which exists while any object is under it. It
+    lets code written against an `Fs` (segment reads, recovery's listing, the
+    offline readers) read the object-store tier. Supported: `open` (read-only),
+    `listdir`, `exists`, `lexists`, `isdir`, `unlink` (a DELETE) and `rmtree`;
+    directory operations (`mkdir`, `makedirs`, `rmdir`, `fsync_dir`) are no-ops,
+    since prefixes need no creating; `replace` and opening for writing raise
+    OSError (EROFS): segments are written through :class:`ObjectSegmentStore`.
+    """
+
+    def __init__(self, root: ObjectColdRoot) -> None:
+        self.root = root
+
+    def open(
+        self, path: str, *, create: bool = False, write: bool = False, exclusive: bool = False
+    ) -> ObjectFile:
+        if create or write or exclusive:
+            raise _read_only(path)
+        key = self.root.key_of(path)
+        f = ObjectFile(self, key)
+        f.size()  # FileNotFoundError now, like open(2)
+        return f
+
+    def _listing(self, path: str) -> tuple[list[str], list[str]]:
+        """(object names, sub-prefix names) directly under `path`."""
+        import obstore
+
+        key = self.root.key_of(path)
+        prefix = key + "/" if key else None
+        got = ObjectSegmentStore._call(
+            "LIST",
+            path,
+            lambda: obstore.list_with_delimiter(self.root.client, prefix),
+        )
+        files = [str(m["path"]).rsplit("/", 1)[-1] for m in got["objects"]]
+        dirs = [str(p).rstrip("/").rsplit("/", 1)[-1] for p in got["common_prefixes"]]
+        return files, dirs
+
+    def listdir(self, path: str) -> list[str]:
+        """Names of the objects and sub-prefixes directly under `path`, sorted."""
+        files, dirs = self._listing(path)
+        if not files and not dirs:
+            raise FileNotFoundError(errno.ENOENT, "no such prefix", path)
+        return sorted({*files, *dirs})
+
+    def isdir(self, path: str) -> bool:
+        files, dirs = self._listing(path)
+        return bool(files or dirs)
+
+    def exists(self, path: str) -> bool:
+        try:
+            ObjectFile(self, self.root.key_of(path)).size()
+            return True
+        except FileNotFoundError:
+            pass
+        return self.isdir(path)
+
+    def lexists(self, path: str) -> bool:
+        return self.exists(path)
+
+    def unlink(self, path: str) -> None:
+        """DELETE one object (a missing one is fine, as S3 answers)."""
+        import obstore
+
+        key = self.root.key_of(path)
+        m = _SEG_KEY_RE.match(key)
+        if m is not None:
+            st = self.root.store(int(m.group(1), 16))
+            st._forget(int(m.group(2)))
+        try:
+            ObjectSegmentStore._call("DELETE", path, lambda: obstore.delete(self.root.client, key))
+        except FileNotFoundError:
+            pass
+
+    def rmtree(self, path: str) -> None:
+        """DELETE every object under `path`."""
+        files, dirs = self._listing(path)
+        for name in dirs:
+            self.rmtree(f"{path.rstrip('/')}/{name}")
+        for name in files:
+            self.unlink(f"{path.rstrip('/')}/{name}")
+
+    def mkdir(self, path: str) -> None:
+        """Nothing to do: a prefix exists once an object is under it."""
+
+    def makedirs(self, path: str) -> None:
+        """Nothing to do: a prefix exists once an object is under it."""
+
+    def rmdir(self, path: str) -> None:
+        """Nothing to do: a prefix goes with its last object."""
+
+    def fsync_dir(self, path: str) -> None:
+        """Nothing to do: an object PUT or DELETE is durable when it returns."""
+
+    def replace(self, src: str, dst: str) -> None:
+        raise _read_only(src)
+
+
+_ROOTS: dict[str, ObjectColdRoot] = {}
+_ROOTS_LOCK = threading.Lock()
+
+
+def _env_ms(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected a whole number") from None
+    if value < 0:
+        raise ValueError(f"{name}={raw!r}: must be >= 0")
+    return value
+
+
+def cold_root(url: str) -> ObjectColdRoot:
+    """The process's :class:`ObjectColdRoot` for `url` (made on first use, then shared).
+
+    Timeouts and retries come from `TOPICS_COLD_TIMEOUT_MS`,
+    `TOPICS_COLD_CONNECT_TIMEOUT_MS` and `TOPICS_COLD_RETRIES` when set (README
+    "Configuration"), the `AWS_*` variables from the client. Raises ValueError
+    for a malformed url or setting, ImportError without the client library.
+    """
+    bucket, prefix = _parse_url(url)
+    norm = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+    key = f"{_endpoint(None)}|{norm}"
+    with _ROOTS_LOCK:
+        root = _ROOTS.get(key)
+        if root is None:
+            root = _ROOTS[key] = ObjectColdRoot(
+                norm,
+                timeout_ms=_env_ms("TOPICS_COLD_TIMEOUT_MS", DEFAULT_TIMEOUT_MS),
+                connect_timeout_ms=_env_ms(
+                    "TOPICS_COLD_CONNECT_TIMEOUT_MS", DEFAULT_CONNECT_TIMEOUT_MS
+                ),
+                max_retries=_env_ms("TOPICS_COLD_RETRIES", DEFAULT_MAX_RETRIES),
+            )
+        return root
+
+
+class RoutedFs:
+    """An :class:`topics.fs.Fs` that sends paths under object-store roots to their
+    :class:`ObjectFs` and every other path to `local`.
+
+    For code that takes one `Fs` for a data dir and a cold root that may be an
+    `s3://` url (the offline readers, `topics verify`, `topics dump`).
+    """
+
+    def __init__(self, local: Fs, roots: builtins.list[ObjectColdRoot]) -> None:
+        self.local = local
+        self.roots = roots
+
+    def _fs(self, path: str) -> Fs:
+        for r in self.roots:
+            if path == r.url or path.startswith(r.url + "/"):
+                return r.fs
+        return self.local
+
+    def open(
+        self, path: str, *, create: bool = False, write: bool = False, exclusive: bool = False
+    ) -> File:
+        return self._fs(path).open(path, create=create, write=write, exclusive=exclusive)
+
+    def replace(self, src: str, dst: str) -> None:
+        self._fs(src).replace(src, dst)
+
+    def unlink(self, path: str) -> None:
+        self._fs(path).unlink(path)
+
+    def rmdir(self, path: str) -> None:
+        self._fs(path).rmdir(path)
+
+    def rmtree(self, path: str) -> None:
+        self._fs(path).rmtree(path)
+
+    def listdir(self, path: str) -> builtins.list[str]:
+        return self._fs(path).listdir(path)
+
+    def mkdir(self, path: str) -> None:
+        self._fs(path).mkdir(path)
+
+    def makedirs(self, path: str) -> None:
+        self._fs(path).makedirs(path)
+
+    def exists(self, path: str) -> bool:
+        return self._fs(path).exists(path)
+
+    def lexists(self, path: str) -> bool:
+        return self._fs(path).lexists(path)
+
+    def isdir(self, path: str) -> bool:
+        return self._fs(path).isdir(path)
+
+    def fsync_dir(self, path: str) -> None:
+        self._fs(path).fsync_dir(path)
+
+
+def fs_for(local: Fs, *roots: str | None) -> Fs:
+    """`local` itself when no root in `roots` is an `s3://` url, else a :class:`RoutedFs`
+    sending those roots to their :func:`cold_root`'s :class:`ObjectFs`."""
+    objs = [cold_root(r) for r in roots if r and is_object_url(r)]
+    return RoutedFs(local, objs) if objs else local
