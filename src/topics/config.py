@@ -169,6 +169,7 @@ class ServerConfig:
     segment_max_age_ms: int = 3_600_000
     hot_retain_segments: int = 4
     hot_retain_bytes: int = 0
+    relocate_bytes_per_s: int = 67_108_864
     checkpoint_interval_ms: int = 60_000
     checkpoint_wal_bytes: int = 67_108_864
     limits: Limits = field(default_factory=Limits)
@@ -367,6 +368,7 @@ def load_config(env: Mapping[str, str] | None = None) -> ServerConfig:
             "segment_max_age_ms",
             "hot_retain_segments",
             "hot_retain_bytes",
+            "relocate_bytes_per_s",
             "checkpoint_interval_ms",
             "checkpoint_wal_bytes",
             "kafka_max_frame_bytes",
@@ -389,6 +391,16 @@ def load_config(env: Mapping[str, str] | None = None) -> ServerConfig:
             f"TOPICS_KAFKA_FETCH_COMPRESSION={fetch_codec!r}: expected one of "
             + ", ".join(KAFKA_CODECS)
         )
+    cold_dir = env.get("TOPICS_COLD_DIR", "").strip() or None
+    if cold_dir is not None and "://" in cold_dir:
+        if not cold_dir.startswith("s3://"):
+            raise ConfigError(
+                f"TOPICS_COLD_DIR={cold_dir!r}: a url must be s3://bucket[/prefix] "
+                "(or give a directory)"
+            )
+        bucket = cold_dir[5:].split("/", 1)[0]
+        if not bucket:
+            raise ConfigError(f"TOPICS_COLD_DIR={cold_dir!r}: no bucket")
     scheduler = env.get("TOPICS_SCHEDULER", "").strip().lower() or "priority"
     if scheduler not in SCHEDULERS:
         raise ConfigError(
@@ -403,7 +415,7 @@ def load_config(env: Mapping[str, str] | None = None) -> ServerConfig:
         probe_auth=_bool(env, "TOPICS_PROBE_AUTH"),
         allow_insecure_no_auth=allow_insecure,
         data_dir=env.get("TOPICS_DATA_DIR", "").strip() or "./topics-data",
-        cold_dir=env.get("TOPICS_COLD_DIR", "").strip() or None,
+        cold_dir=cold_dir,
         wal_shards=shards,
         limits=limits,
         log_level=(env.get("TOPICS_LOG") or env.get("RUST_LOG") or "info").strip().lower(),

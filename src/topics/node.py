@@ -44,6 +44,7 @@ from topics.engine.routers import RouterSet
 from topics.engine.scheduler import LATENCY_CEILING_MS, TOP_BAND, band_of
 from topics.engine.watch import WatchRegistry
 from topics.errors import TopicsError
+from topics.storage.segstore import Tier
 
 if TYPE_CHECKING:
     from topics.engine.frames import FrameSource
@@ -84,6 +85,9 @@ def storage_config(cfg: ServerConfig) -> StorageConfig:
             segment_max_events=cfg.segment_max_events,
             segment_max_bytes=cfg.segment_max_bytes,
             segment_max_age_ms=cfg.segment_max_age_ms,
+            hot_retain_segments=cfg.hot_retain_segments,
+            hot_retain_bytes=cfg.hot_retain_bytes,
+            relocate_bytes_per_s=cfg.relocate_bytes_per_s,
             interval_ms=cfg.checkpoint_interval_ms,
             wal_bytes=cfg.checkpoint_wal_bytes,
             check_s=min(5.0, max(0.02, cfg.checkpoint_interval_ms / 4000))
@@ -443,6 +447,18 @@ class Node:
         out["segments"] = sum(len(st.segs) for st in list(ck.stores.values()))
         out["checkpoints"] = ck.cycles
         out["checkpoint_failures"] = ck.failures
+        out["cold_segments"] = sum(
+            1 for st in list(ck.stores.values()) for g in list(st.segs) if g.tier is Tier.COLD
+        )
+        rel = ck.relocator
+        if rel is not None:
+            out["relocation"] = {
+                "copied": rel.copied,
+                "copied_bytes": rel.copied_bytes,
+                "committed": ck.relocated,
+                "failed": rel.failed,
+                "queued": rel.queued,
+            }
         last = ck.last
         if last is not None:
             out["last_checkpoint"] = {

@@ -241,6 +241,8 @@ class Durable:
         segment_max_events: int = 64,
         cold_dir: str | None = None,
         full_retry_s: float = 0.05,
+        hot_retain_segments: int = 4,
+        hot_retain_bytes: int = 0,
     ) -> None:
         disk = _find_disk(fs)
         if disk is None:
@@ -259,7 +261,15 @@ class Durable:
         self.timeout_s = timeout_s
         # One checkpoint I/O thread: the order of file operations (and so every
         # crash point) stays deterministic.
-        self.checkpoint_cfg = CheckpointConfig(segment_max_events=segment_max_events, io_threads=1)
+        # Copies to the cold tier run inside the cycle for the same reason.
+        self.checkpoint_cfg = CheckpointConfig(
+            segment_max_events=segment_max_events,
+            io_threads=1,
+            hot_retain_segments=hot_retain_segments,
+            hot_retain_bytes=hot_retain_bytes,
+            relocate_bytes_per_s=0,
+            relocate_threads=0,
+        )
         self.cold_dir = cold_dir
         self.storage: Storage | None = None
         self.clock = clock or TestClock()

@@ -38,24 +38,27 @@ so a test clock decides when the interval has passed.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import mmap
 import posixpath
 import struct
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from topics.clock import SystemClock
 from topics.engine.index import LOC_HOLE, SlotArray
 from topics.engine.topic import CHUNK_BASE, Topic
 from topics.errors import TopicsError
 from topics.format.frame import FrameBuf, encode_record
-from topics.storage.fs import Fs
+from topics.storage.fs import Fs, read_file
 from topics.storage.meta import capture_meta
-from topics.storage.segment import SegmentWriter, segment_blob, segment_paths
+from topics.storage.segment import SegmentWriter, segment_blob, segment_paths, topic_dir
 from topics.storage.segstore import SegmentPart, Tier
 from topics.storage.snapshot import (
     decode_snapshot,
@@ -68,8 +71,12 @@ from topics.storage.topicstore import (
     SegMeta,
     TopicStore,
     flip_deleted,
+    flip_deleted_in,
+    is_object_url,
+    replace_idx,
     retire_topic_dir,
     retired_dirs,
+    sealed_tiling_problem,
     unlink_dir,
 )
 from topics.storage.wal import WalEntry, WalPosition, prune_files
@@ -78,7 +85,14 @@ if TYPE_CHECKING:
     from topics.engine.core import Engine
     from topics.storage.journal import WalJournal
 
-__all__ = ["CheckpointConfig", "CheckpointReport", "Checkpointer", "CheckpointFailed"]
+__all__ = [
+    "CheckpointConfig",
+    "CheckpointReport",
+    "Checkpointer",
+    "CheckpointFailed",
+    "Reaper",
+    "Relocator",
+]
 
 log = logging.getLogger("topics.checkpoint")
 
@@ -111,6 +125,18 @@ class CheckpointConfig:
     #: `1` keeps the order of file operations deterministic (the crash tests'
     #: in-memory disk sets it).
     io_threads: int = 8
+    #: Newest sealed segments each topic keeps hot; older ones relocate to the cold
+    #: tier when there is one (docs/FORMATS.md, "Relocation").
+    hot_retain_segments: int = 4
+    #: Most bytes of sealed hot segments a topic keeps (0: no byte bound); with both
+    #: bounds set, the one that keeps fewer segments hot wins.
+    hot_retain_bytes: int = 0
+    #: Most bytes per second the relocator copies to the cold tier (0: unpaced).
+    relocate_bytes_per_s: int = 64 * 1024 * 1024
+    #: `1`: copies to the cold tier run on the relocator's own thread, between
+    #: cycles; `0`: inside the cycle's file work, in a fixed order (the crash
+    #: tests' in-memory disk sets it).
+    relocate_threads: int = 1
 
 
 @dataclass
@@ -125,6 +151,7 @@ class CheckpointReport:
     dropped: int = 0
     flips: int = 0
     wal_pruned: int = 0
+    relocated: int = 0
     seconds: float = 0.0
 
 
@@ -151,6 +178,8 @@ class _Result:
     # Segments taken out of the store whose files go only once a snapshot that no
     # longer relies on them is durable.
     drops: list[tuple[TopicStore, SegMeta]] = field(default_factory=list)
+    # Segments whose tier became COLD in this cycle (their readers move on the loop).
+    relocated: list[SegMeta] = field(default_factory=list)
     error: BaseException | None = None
     flips_failed: bool = False
 
@@ -203,6 +232,118 @@ class Reaper:
             pool.shutdown(wait=True)
 
 
+class Relocator:
+    """Copies sealed hot segments to the cold tier on a thread of its own, paced.
+
+    The copy is the slow half of a relocation (docs/FORMATS.md, "Relocation"):
+    read both parts of the hot segment, check that its `.idx` tiles its
+    `.data`, and put them in the cold store (durable when the put returns).
+    A checkpoint cycle commits a finished copy: it flips the segment's tier,
+    lists it in the snapshot as cold, and only after a later snapshot deletes
+    the hot copy. The copy itself changes nothing the engine or a snapshot
+    sees, so a crash or failure at any point leaves the segment hot (a cold
+    copy that was never committed is deleted by recovery's next cycle).
+
+    With `inline` the copy runs in the thread that submits it (the cycle's),
+    so it is done when :meth:`submit` returns.
+
+    Pacing: after a copy of n bytes the thread rests until n / `rate` seconds
+    (by `monotonic`, the engine clock's reading) have passed since it began, so
+    copies average at most `rate` bytes per second (0: unpaced). Counters for
+    `/v0/metrics`: `copied`, `copied_bytes`, `failed`, `queued`. Thread-safe.
+    """
+
+    def __init__(
+        self, rate: int = 0, monotonic: Callable[[], float] | None = None, *, inline: bool = False
+    ) -> None:
+        self.rate = rate
+        self.inline = inline
+        self._monotonic = monotonic or SystemClock().monotonic
+        self._rest = threading.Event()  # set by stop(): no more resting
+        self.copied = 0
+        self.copied_bytes = 0
+        self.failed = 0
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self._queued: set[tuple[int, int]] = set()
+        self._done: dict[tuple[int, int], bytes] = {}  # (topic id, first seq) -> `.idx` copied
+        self._stopped = False
+
+    @property
+    def queued(self) -> int:
+        """Copies waiting or running."""
+        with self._lock:
+            return len(self._queued)
+
+    def submit(self, store: TopicStore, first: int) -> None:
+        """Queue the copy of hot segment `first` of `store` (once while queued or done)."""
+        key = (store.topic_id, first)
+        with self._lock:
+            if self._stopped or key in self._queued or key in self._done:
+                return
+            self._queued.add(key)
+            if not self.inline and self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="topics-relocate")
+            pool = self._pool
+        if pool is None:
+            self._copy(store, first)  # inline: done when this returns
+        else:
+            pool.submit(self._copy, store, first)
+
+    def take(self, topic_id: int, first: int) -> bytes | None:
+        """The `.idx` bytes a finished copy uploaded (and forget it), or None."""
+        with self._lock:
+            return self._done.pop((topic_id, first), None)
+
+    def take_other(self, topic_id: int, keep: set[int]) -> list[int]:
+        """First seqs of finished copies of `topic_id` not in `keep` (forgotten)."""
+        with self._lock:
+            out = [f for t, f in self._done if t == topic_id and f not in keep]
+            for f in out:
+                del self._done[(topic_id, f)]
+            return out
+
+    def _copy(self, store: TopicStore, first: int) -> None:
+        key = (store.topic_id, first)
+        try:
+            cold = store.tier.cold
+            if cold is None:
+                return
+            hot = store.tier.hot
+            began = self._monotonic()
+            idx = read_file(hot.fs, hot.path(first, SegmentPart.IDX))
+            data = read_file(hot.fs, hot.path(first, SegmentPart.DATA))
+            why = sealed_tiling_problem(idx, len(data))
+            if why is not None:
+                # Never copy what does not read back whole: the segment stays hot
+                # and `topics verify` names it.
+                raise OSError(f"not relocated: {hot.path(first, SegmentPart.DATA)} {why}")
+            cold.put(first, data, idx)
+            with self._lock:
+                self._done[key] = idx
+                self.copied += 1
+                self.copied_bytes += len(data) + len(idx)
+            if self.rate:
+                spent = self._monotonic() - began
+                self._rest.wait(max(0.0, (len(data) + len(idx)) / self.rate - spent))
+        except Exception as exc:  # OSError, ColdStoreError: the segment stays hot, retried
+            with self._lock:
+                self.failed += 1
+            log.warning("relocating segment %d of topic %016x failed: %s", first, key[0], exc)
+        finally:
+            with self._lock:
+                self._queued.discard(key)
+
+    def stop(self) -> None:
+        """Let the running copy finish, drop the queued ones (blocking)."""
+        with self._lock:
+            self._stopped = True
+            pool, self._pool = self._pool, None
+        self._rest.set()
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
 class Checkpointer:
     """Runs checkpoint cycles for one engine and its WAL journal.
 
@@ -239,6 +380,7 @@ class Checkpointer:
         self._last_mono = self.engine.clock.monotonic()
         self.cycles = 0
         self.failures = 0
+        self.relocated = 0  # segments whose move to the cold tier was committed
         self.last: CheckpointReport | None = None
         self._stopped = False
         self._force = False
@@ -248,6 +390,20 @@ class Checkpointer:
         self._drops_pending: list[tuple[TopicStore, SegMeta]] = []
         self._gone_pending: list[int] = []
         self.reaper = Reaper(fs)
+        self.relocator = (
+            Relocator(
+                self.cfg.relocate_bytes_per_s,
+                engine.clock.monotonic,
+                inline=self.cfg.relocate_threads == 0,
+            )
+            if cold_dir
+            else None
+        )
+        # Cold copies recovery found that no snapshot lists (a relocation never
+        # committed, or a drop cut short): they go after the first snapshot.
+        for st in self.stores.values():
+            self._drops_pending.extend((st, seg) for seg in st.orphans)
+            st.orphans = []
         # True from a failed periodic cycle to the next good one: errors of the
         # same stretch (a full disk, say) are logged once, not every cycle.
         self._failing = False
@@ -281,6 +437,8 @@ class Checkpointer:
                 log.error("checkpoint failed: %s", exc)
         self._release_handles()  # a stopping storage (graceful or not) keeps no descriptors
         await asyncio.to_thread(self.reaper.stop)
+        if self.relocator is not None:
+            await asyncio.to_thread(self.relocator.stop)
 
     def force_next(self) -> None:
         """Make the next trigger check run a cycle (e.g. after a large WAL replay)."""
@@ -366,6 +524,7 @@ class Checkpointer:
             )
             self._force = False
             self.cycles += 1
+            self.relocated += report.relocated
             self.last = report
             return report
 
@@ -542,6 +701,7 @@ class Checkpointer:
             report.bytes += part.bytes
             report.sealed += part.sealed
             report.dropped += part.dropped
+            report.relocated += part.relocated
         for r in results:
             self._drops_pending.extend(r.drops)
         ok = all(r.error is None for r in results)
@@ -554,15 +714,15 @@ class Checkpointer:
             if st is not None and st.writer is not None:
                 st.writer.close()
             self._gone_pending.append(tid)
-        # The snapshot lists the hot segments it relies on (docs/FORMATS.md,
+        # The snapshot lists the segments it relies on in each tier (docs/FORMATS.md,
         # "Segments the snapshot relies on"), as they are after this cycle's writes.
         for m in meta.get("topics") or []:
             st = self.stores.get(int(m["id"]))
-            m["segs"] = (
-                [[g.first_seq, g.count] for g in st.segs if g.tier is Tier.HOT and g.count]
-                if st is not None
-                else []
-            )
+            segs = st.segs if st is not None else []
+            m["segs"] = [[g.first_seq, g.count] for g in segs if g.tier is Tier.HOT and g.count]
+            cold = [[g.first_seq, g.count] for g in segs if g.tier is Tier.COLD and g.count]
+            if cold:
+                m["cold"] = cold
         try:
             n = next_snapshot_number(fs, self.meta_dir)
             write_snapshot(fs, self.meta_dir, n, meta)
@@ -597,7 +757,10 @@ class Checkpointer:
                 log.warning("cannot drop segment %d of %s: %s", seg.first_seq, store.dir, exc)
                 self._drops_pending.append((store, seg))
         gone, self._gone_pending = self._gone_pending, []
-        roots = [r for r in (self.data_dir, self.cold_dir) if r]
+        # An object store cannot rename: a deleted topic's objects are deleted by
+        # the reaper straight away (docs/FORMATS.md, "Deleted topics").
+        objects = self.cold_dir if self.cold_dir and is_object_url(self.cold_dir) else None
+        roots = [r for r in (self.data_dir, self.cold_dir) if r and r != objects]
         for tid in gone:
             try:
                 for root in roots:
@@ -605,6 +768,9 @@ class Checkpointer:
             except OSError as exc:
                 log.warning("cannot retire the files of deleted topic %016x: %s", tid, exc)
                 self._gone_pending.append(tid)
+                continue
+            if objects is not None:
+                self.reaper.unlink(topic_dir(objects, tid))
         # Every retired directory, this cycle's and any an earlier run (or a crash)
         # left behind, goes to the reaper (which ignores one it already has).
         for root in roots:
@@ -664,7 +830,12 @@ class Checkpointer:
         for first, seqs in by_seg.items():
             seg = store.seg_for(first)
             assert seg is not None
-            flip_deleted(self.fs, store.part_path(seg, SegmentPart.IDX), first, seqs)
+            flip_deleted_in(store.tier.store(seg.tier), first, seqs)
+            hot = store.tier.hot
+            if seg.tier is Tier.COLD and hot.exists(first, SegmentPart.IDX):
+                # The hot copy of a relocated segment waits for the next snapshot
+                # to be deleted; recovery prefers it until then, so it gets the flag too.
+                flip_deleted(hot.fs, hot.path(first, SegmentPart.IDX), first, seqs)
             seg.deleted += len(set(seqs))
             report.flips += len(seqs)
 
@@ -719,6 +890,59 @@ class Checkpointer:
         return w
 
     def _topic_files(self, p: _Plan, r: _Result, now: int, report: CheckpointReport) -> None:
+        self._topic_segments(p, r, now, report)
+        if self.relocator is not None and p.store.tier.cold is not None:
+            self._relocate(p.store, r, report)
+
+    def _relocation_candidates(self, store: TopicStore) -> list[SegMeta]:
+        """Sealed hot segments beyond the hot-retention bounds, oldest first."""
+        cfg = self.cfg
+        hot = [g for g in store.segs if g.sealed and g.tier is Tier.HOT]
+        keep = min(len(hot), max(cfg.hot_retain_segments, 0))
+        if cfg.hot_retain_bytes:
+            kept_bytes = 0
+            n = 0
+            for g in reversed(hot[len(hot) - keep :]):
+                if kept_bytes + g.data_bytes > cfg.hot_retain_bytes:
+                    break
+                kept_bytes += g.data_bytes
+                n += 1
+            keep = n
+        return hot[: len(hot) - keep]
+
+    def _relocate(self, store: TopicStore, r: _Result, report: CheckpointReport) -> None:
+        """Commit finished copies of segments beyond hot retention, queue the others.
+
+        Committing flips the segment's tier to COLD (the snapshot written after
+        this lists it there); its readers move to the cold copy on the loop
+        (:meth:`_apply`) and the hot copy is deleted after the next snapshot
+        (docs/FORMATS.md, "Relocation"). A delete flag set on the hot `.idx`
+        after it was copied is carried over by replacing the cold `.idx`.
+        """
+        relocator = self.relocator
+        cold = store.tier.cold
+        assert relocator is not None and cold is not None
+        hot = store.tier.hot
+        cands = self._relocation_candidates(store)
+        for seg in cands:
+            copied = relocator.take(store.topic_id, seg.first_seq)
+            if copied is None:
+                relocator.submit(store, seg.first_seq)
+                copied = relocator.take(store.topic_id, seg.first_seq)  # done if inline
+                if copied is None:
+                    continue
+            idx = read_file(hot.fs, hot.path(seg.first_seq, SegmentPart.IDX))
+            if idx != copied:
+                replace_idx(cold, seg.first_seq, idx)
+            seg.tier = Tier.COLD
+            r.relocated.append(seg)
+            report.relocated += 1
+        # Copies finished for segments dropped meanwhile: no snapshot lists them.
+        keep = {g.first_seq for g in cands}
+        for first in relocator.take_other(store.topic_id, keep):
+            cold.delete(first)
+
+    def _topic_segments(self, p: _Plan, r: _Result, now: int, report: CheckpointReport) -> None:
         cfg = self.cfg
         store = p.store
         if store.segs and not store.segs[-1].sealed:
@@ -936,6 +1160,15 @@ class Checkpointer:
                 gone = t.sources.pop(loc, None)
                 if isinstance(gone, SegmentSource):
                     gone.close()
+            for seg in r.relocated:
+                # Reads move to the cold copy now; the hot copy goes after the next
+                # snapshot, which lists the segment as cold (docs/FORMATS.md, "Relocation").
+                old = t.sources.get(seg.loc)
+                if live and seg.loc in t.sources:
+                    t.sources[seg.loc] = r.plan.store.source(seg)
+                if isinstance(old, SegmentSource):
+                    old.close()
+                self._drops_pending.append((r.plan.store, dataclasses.replace(seg, tier=Tier.HOT)))
             if r.error is not None:
                 failed = failed or r.error
                 t.ckpt_claim = t.ckpt_seq

@@ -399,7 +399,7 @@ class ObjectSegmentStore:
         # Sizes of parts seen by a HEAD (dropped by put, delete and replace_idx).
         self._sizes: dict[tuple[SegmentId, str], int] = {}
         #: The read-only :class:`ObjectFs` of the root: `fs.open(self.path(...))` reads a part.
-        self.fs = root.fs
+        self.fs: Fs = root.fs
 
     def path(self, id: SegmentId, part: SegmentPart) -> str:
         """The part's full url (`s3://bucket/prefix/topics/.../seg-....data`), for :attr:`fs`."""

@@ -78,6 +78,7 @@ from topics.storage.topicstore import (
     SegmentDamage,
     TopicStore,
     check_published,
+    cold_store,
     load_topic,
     published_upto,
 )
@@ -228,10 +229,10 @@ def segment_starts(fs: Fs, d: str) -> list[int]:
 
 
 def cold_firsts(fs: Fs, cold_dir: str | None, tid: int) -> list[int]:
-    """First seqs of the whole segments topic `tid` has in the cold tier."""
-    if not cold_dir:
-        return []
-    return [first for first, _p in scan_segments(fs, topic_dir(cold_dir, tid)).segments]
+    """First seqs of the whole segments topic `tid` has in the cold tier (a directory
+    on `fs`, or an object store)."""
+    store = cold_store(fs, cold_dir, tid)
+    return store.list() if store is not None else []
 
 
 def _rebuild_plan(

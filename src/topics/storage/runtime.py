@@ -25,6 +25,7 @@ from topics.storage.checkpoint import CheckpointConfig, Checkpointer, Checkpoint
 from topics.storage.fs import Fs
 from topics.storage.journal import WalJournal
 from topics.storage.recovery import RecoveryReport, recover_async
+from topics.storage.topicstore import is_object_url
 
 __all__ = ["StorageConfig", "Storage"]
 
@@ -78,6 +79,11 @@ class Storage:
         Raises OSError when the directory cannot be read or repaired, and
         CheckpointFailed when a shard-count change cannot be absorbed.
         """
+        if config.cold_dir and is_object_url(config.cold_dir):
+            # Cold segments are then object urls: reads of them go to the object store.
+            from topics.storage.objstore import fs_for
+
+            fs = fs_for(fs, config.cold_dir)
         shards, report = await recover_async(
             engine,
             fs,

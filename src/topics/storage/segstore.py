@@ -74,8 +74,16 @@ class SegmentStore(Protocol):
     """Persists, reads and drops whole segments of one topic (docs/FORMATS.md, "Segment files").
 
     Synchronous by design: each call may be issued on a blocking pool, so a slow
-    (cold) store can never hold up writes or live delivery.
+    (cold) store can never hold up writes or live delivery. `fs` and
+    :meth:`path` name a part for reading through the `Fs` seam (a file path, or
+    an object url read by the object store's read-only `Fs`).
     """
+
+    fs: Fs
+
+    def path(self, id: SegmentId, part: SegmentPart) -> str:
+        """Where one part of segment `id` is read from, through :attr:`fs`."""
+        ...
 
     def put(self, id: SegmentId, data: bytes, idx: bytes) -> None:
         """Durably (fsynced) write both parts of segment `id`."""

@@ -52,16 +52,23 @@ from topics.format.idx import (
     IDX_ENTRY_DTYPE,
     IDX_FLAGS_OFFSET,
 )
-from topics.storage.fs import File, Fs, read_file, write_all
+from topics.storage.fs import File, Fs, read_file, write_all, write_file
 from topics.storage.iogate import READ_PIECE_BYTES, io_gate
 from topics.storage.segment import (
     IDX_ENTRY_SIZE,
+    SegmentPaths,
     SegmentWriter,
     scan_segments,
     segment_paths,
     topic_dir,
 )
-from topics.storage.segstore import LocalSegmentStore, SegmentPart, Tier, TopicTier
+from topics.storage.segstore import (
+    LocalSegmentStore,
+    SegmentPart,
+    SegmentStore,
+    Tier,
+    TopicTier,
+)
 
 __all__ = [
     "DEFAULT_MAX_OPEN_SEGMENT_FILES",
@@ -74,7 +81,12 @@ __all__ = [
     "LoadedTopic",
     "RELIES_ON_NOTHING",
     "load_topic",
+    "cold_store",
+    "is_object_url",
     "flip_deleted",
+    "flip_deleted_in",
+    "replace_idx",
+    "sealed_tiling_problem",
     "retire_topic_dir",
     "retired_dirs",
     "unlink_dir",
@@ -339,22 +351,31 @@ class TopicStore:
     segs: list[SegMeta] = field(default_factory=list)
     writer: SegmentWriter | None = None
     next_loc: int = 0
+    #: Cold copies recovery found that the snapshot does not list (never committed
+    #: by a relocation, or left by a drop cut short); deleted after the next snapshot.
+    orphans: list[SegMeta] = field(default_factory=list)
 
     @classmethod
     def create(cls, fs: Fs, root: str, topic_id: int, cold_root: str | None = None) -> TopicStore:
-        """An empty store for `topic_id` under data dir `root` (and the cold root, if any)."""
+        """An empty store for `topic_id` under data dir `root` (and the cold root, if any:
+        a directory, or an `s3://bucket/prefix` url, docs/FORMATS.md "Object-store cold tier")."""
         d = topic_dir(root, topic_id)
-        cold = LocalSegmentStore(fs, topic_dir(cold_root, topic_id)) if cold_root else None
-        return cls(topic_id, d, TopicTier(LocalSegmentStore(fs, d), cold))
+        return cls(
+            topic_id, d, TopicTier(LocalSegmentStore(fs, d), cold_store(fs, cold_root, topic_id))
+        )
 
     def drop(self, seg: SegMeta) -> None:
         """Delete a whole sealed segment from its tier (`.idx` first; idempotent)."""
         self.tier.store(seg.tier).delete(seg.first_seq)
 
     def part_path(self, seg: SegMeta, part: SegmentPart) -> str:
+        """Where one part of `seg` is read from (through its tier store's `fs`)."""
+        return self.tier.store(seg.tier).path(seg.first_seq, part)
+
+    def source(self, seg: SegMeta) -> SegmentSource:
+        """A reader of `seg`'s `.data` in the tier it is in now."""
         store = self.tier.store(seg.tier)
-        assert isinstance(store, LocalSegmentStore)
-        return store.path(seg.first_seq, part)
+        return SegmentSource(store.fs, store.path(seg.first_seq, SegmentPart.DATA), seg.sealed)
 
     def alloc_loc(self) -> int:
         loc = self.next_loc
@@ -372,6 +393,23 @@ class TopicStore:
     def end_seq(self) -> int:
         """Last seq in a segment (0 when there is none)."""
         return self.segs[-1].last_seq if self.segs else 0
+
+
+def cold_store(fs: Fs, cold_root: str | None, topic_id: int) -> SegmentStore | None:
+    """The cold-tier store of one topic: None without a cold root, the object store's
+    for an `s3://` url, else a directory under `cold_root` on `fs`."""
+    if not cold_root:
+        return None
+    if is_object_url(cold_root):
+        from topics.storage.objstore import cold_root as object_root
+
+        return object_root(cold_root).store(topic_id)
+    return LocalSegmentStore(fs, topic_dir(cold_root, topic_id))
+
+
+def is_object_url(value: str) -> bool:
+    """Whether a cold root names an object store (`s3://...`) rather than a directory."""
+    return value.startswith("s3://")
 
 
 @dataclass
@@ -453,8 +491,9 @@ class Published(NamedTuple):
 
     last: int  # highest seq the snapshot relies on a segment for
     floor: int
-    segs: tuple[tuple[int, int], ...]  # (first seq, entries) of each hot segment it lists
+    segs: tuple[tuple[int, int], ...]  # (first seq, entries) of each segment it lists
     listed: bool = False  # the map has `segs`: exactly those segments are relied on
+    cold: frozenset[int] = frozenset()  # first seqs of the listed segments in the cold tier
 
 
 def published_upto(m: dict[str, Any]) -> Published:
@@ -462,7 +501,9 @@ def published_upto(m: dict[str, Any]) -> Published:
     snapshot relies on").
 
     A map with `segs` names the hot segments its snapshot relies on, each with at
-    least that many entries, and nothing else: seqs up to the head that no listed
+    least that many entries, and `cold` the ones it relies on in the cold tier
+    (either tier may hold a relied-on segment: relocation copies before it
+    deletes), and nothing else: seqs up to the head that no listed
     segment holds are holes or deleted records (the padding of a disk reservation
     after a crash, a fully deleted segment that was dropped) and were never
     written, or were written by a checkpoint whose snapshot never became durable.
@@ -486,8 +527,10 @@ def published_upto(m: dict[str, Any]) -> Published:
     raw = m.get("segs")
     segs = tuple((int(a), int(b)) for a, b in raw or [])
     if raw is not None:
+        cold = tuple((int(a), int(b)) for a, b in m.get("cold") or [])
+        segs = tuple(sorted(segs + cold))
         last = max((a + b - 1 for a, b in segs if b > 0), default=0)
-        return Published(last, floor, segs, True)
+        return Published(last, floor, segs, True, frozenset(a for a, _b in cold))
     if (m.get("config") or {}).get("durability") == "ephemeral":
         return Published(ckpt, floor, segs)
     return Published(max(ckpt, int(m.get("head", 0))), floor, segs)
@@ -597,7 +640,12 @@ def _listed_problems(on: _OnDisk) -> _Found:
             if first in elsewhere:
                 continue  # whole in the cold tier
             path = stray_at.get(first)
-            if path is not None:
+            if first in published.cold and path is None:
+                problems.append(
+                    f"segment {first} (seqs {first}..{last}) the snapshot lists in the cold "
+                    "tier is in neither tier"
+                )
+            elif path is not None:
                 other = ".data" if path.endswith(".idx") else ".idx"
                 problems.append(f"{path}: its {other} is missing")
             else:
@@ -752,8 +800,22 @@ def load_topic(
     listed = store.tier.list()
     for i, (first, tier) in enumerate(listed):
         tier_store = store.tier.store(tier)
-        assert isinstance(tier_store, LocalSegmentStore)
-        paths = segment_paths(tier_store.root_dir, first)
+        tfs = tier_store.fs
+        paths = SegmentPaths(
+            tier_store.path(first, SegmentPart.DATA), tier_store.path(first, SegmentPart.IDX)
+        )
+        if (
+            tier is Tier.COLD
+            and published is not None
+            and published.listed
+            and first not in dict(published.segs)
+        ):
+            # A cold copy the snapshot does not list: a relocation that never
+            # committed (the hot copy, or the WAL, holds these records), or a drop
+            # cut short. Not loaded; deleted after the next snapshot.
+            log.warning("cold copy %s is not in the snapshot; it will be deleted", paths.data)
+            store.orphans.append(SegMeta(first, 0, -1, True, 0, 0, 0, Tier.COLD))
+            continue
         if expect and first < expect:
             log.error(
                 "segment %s overlaps the one before it (ends at %d); ignored",
@@ -776,9 +838,9 @@ def load_topic(
                 writer.release()
             data_size = writer.data_bytes
         else:
-            raw = read_file(fs, paths.idx)
+            raw = read_file(tfs, paths.idx)
             raw = raw[: len(raw) - len(raw) % IDX_ENTRY_SIZE]
-            data_size = _file_size(fs, paths.data)
+            data_size = _file_size(tfs, paths.data)
         entries = np.frombuffer(raw, IDX_ENTRY_DTYPE)
         if not len(entries):
             if active:
@@ -790,7 +852,7 @@ def load_topic(
             continue
         fl = entries["flags"]
         needs_data = bool(np.any((fl != DELETED) & ((fl & (F_HAS_NODE | F_HAS_TAG)) != 0)))
-        data = read_file(fs, paths.data) if needs_data else None
+        data = read_file(tfs, paths.data) if needs_data else None
         loc = store.alloc_loc()
         rows, deleted = _rows(entries, loc, data, data_size)
         if not parts:
@@ -815,11 +877,58 @@ def load_topic(
                 tier,
             )
         )
-        sources[loc] = SegmentSource(fs, paths.data, sealed=not active)
+        sources[loc] = SegmentSource(tfs, paths.data, sealed=not active)
     rows_all = np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else None
     if rows_all is None:
         rows_all = np.zeros(0, SLOT_DTYPE)
     return LoadedTopic(store, base_seq, rows_all, sources)
+
+
+def sealed_tiling_problem(idx: bytes, data_size: int) -> str | None:
+    """Why a sealed segment's `.idx` bytes do not tile a `.data` of `data_size` bytes
+    exactly (whole 20-byte entries, frames back to back from the header), or None."""
+    if len(idx) % IDX_ENTRY_SIZE:
+        return f"has a {len(idx)}-byte .idx (not whole 20-byte entries)"
+    return _tiling_problem(_idx_entries(idx), data_size, exact=True)
+
+
+def replace_idx(store: SegmentStore, first_seq: int, idx: bytes) -> None:
+    """Replace the `.idx` of a complete segment in `store` as one atomic step.
+
+    A local store writes a temporary file, fdatasyncs it and renames it over the
+    old one (then fsyncs the directory); an object store PUTs the object whole.
+    Raises OSError (FileNotFoundError when the segment is gone)."""
+    if isinstance(store, LocalSegmentStore):
+        fs = store.fs
+        final = store.path(first_seq, SegmentPart.IDX)
+        if not fs.exists(store.path(first_seq, SegmentPart.DATA)):
+            raise FileNotFoundError(errno.ENOENT, "segment is gone", final)
+        write_file(fs, final + ".tmp", idx)
+        fs.replace(final + ".tmp", final)
+        fs.fsync_dir(store.root_dir)
+        return
+    replace = getattr(store, "replace_idx", None)
+    if replace is None:
+        raise OSError(errno.ENOTSUP, f"cannot replace an .idx in {type(store).__name__}")
+    replace(first_seq, idx)
+
+
+def flip_deleted_in(store: SegmentStore, first_seq: int, seqs: list[int]) -> None:
+    """:func:`flip_deleted` for a segment in any tier store: in place in a local file,
+    by replacing the whole `.idx` in an object store. Raises OSError."""
+    if isinstance(store, LocalSegmentStore):
+        flip_deleted(store.fs, store.path(first_seq, SegmentPart.IDX), first_seq, seqs)
+        return
+    raw = bytearray(read_file(store.fs, store.path(first_seq, SegmentPart.IDX)))
+    n = len(raw) // IDX_ENTRY_SIZE
+    changed = False
+    for s in sorted(set(seqs)):
+        i = s - first_seq
+        if 0 <= i < n and raw[i * IDX_ENTRY_SIZE + IDX_FLAGS_OFFSET] != DELETED:
+            raw[i * IDX_ENTRY_SIZE + IDX_FLAGS_OFFSET] = DELETED
+            changed = True
+    if changed:
+        replace_idx(store, first_seq, bytes(raw))
 
 
 def flip_deleted(fs: Fs, idx_path: str, first_seq: int, seqs: list[int]) -> None:
