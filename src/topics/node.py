@@ -430,8 +430,10 @@ class Node:
 
         `index_bytes` is what the per-topic slot arrays hold (capacity included),
         `index_slots` their length, `chunk_bytes` the in-memory frames not yet
-        copied into segments; durable mode adds `segments`, `checkpoints`,
-        `checkpoint_failures`, `last_checkpoint` (once one ran) and `recovery`
+        copied into segments; durable mode adds `segments`, `cold_segments`,
+        `checkpoints`, `checkpoint_failures`, `last_checkpoint` (once one ran) and
+        `recovery`, and with a cold tier `relocated_segments`,
+        `relocation_copied_bytes`, `relocation_failures` and `relocation_queued`
         (docs/API.md, "15.3 `GET /v0/metrics`").
         """
         topics = self.engine.topics.values()
@@ -452,13 +454,10 @@ class Node:
         )
         rel = ck.relocator
         if rel is not None:
-            out["relocation"] = {
-                "copied": rel.copied,
-                "copied_bytes": rel.copied_bytes,
-                "committed": ck.relocated,
-                "failed": rel.failed,
-                "queued": rel.queued,
-            }
+            out["relocated_segments"] = ck.relocated
+            out["relocation_copied_bytes"] = rel.copied_bytes
+            out["relocation_failures"] = rel.failed
+            out["relocation_queued"] = rel.queued
         last = ck.last
         if last is not None:
             out["last_checkpoint"] = {

@@ -52,3 +52,115 @@ def moto_s3(*buckets: str) -> Iterator[str]:
 def s3_env(endpoint: str) -> dict[str, str]:
     """The `AWS_*` variables a child process needs to reach `endpoint`."""
     return {**os.environ, "AWS_ENDPOINT_URL": endpoint, **AWS_TEST_ENV}
+
+
+class FaultProxy:
+    """A TCP forwarder in front of an S3 endpoint that can be told to misbehave.
+
+    `mode`: "pass" forwards; "500" answers every request on a new connection with
+    `500 Internal Server Error`; "hang" accepts and never answers. Setting a mode
+    closes the connections open so far, so clients reconnect and see it at once.
+    """
+
+    def __init__(self, upstream: str) -> None:
+        import socket
+        import threading
+
+        host, port = upstream.removeprefix("http://").split(":")
+        self.upstream = (host, int(port))
+        self._mode = "pass"
+        self._lock = threading.Lock()
+        self._conns: list[socket.socket] = []
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    @mode.setter
+    def mode(self, value: str) -> None:
+        assert value in ("pass", "500", "hang")
+        with self._lock:
+            self._mode = value
+            conns, self._conns = self._conns, []
+        for c in conns:
+            try:
+                c.close()
+            except OSError:
+                pass
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            with self._lock:
+                mode = self._mode
+                self._conns.append(client)
+            if mode == "hang":
+                continue
+            if mode == "500":
+                threading.Thread(target=self._fail, args=(client,), daemon=True).start()
+                continue
+            try:
+                server = socket.create_connection(self.upstream)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._conns.append(server)
+            threading.Thread(target=self._pump, args=(client, server), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client), daemon=True).start()
+
+    @staticmethod
+    def _fail(client: object) -> None:
+        import socket
+
+        assert isinstance(client, socket.socket)
+        body = b"<Error><Code>InternalError</Code></Error>"
+        try:
+            while True:
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    chunk = client.recv(65536)
+                    if not chunk:
+                        return
+                    head += chunk
+                client.sendall(
+                    b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: %d\r\n\r\n%s"
+                    % (len(body), body)
+                )
+        except OSError:
+            pass
+
+    @staticmethod
+    def _pump(src: object, dst: object) -> None:
+        import socket
+
+        assert isinstance(src, socket.socket) and isinstance(dst, socket.socket)
+        try:
+            while chunk := src.recv(65536):
+                dst.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            try:
+                dst.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        import socket
+
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        self.mode = "pass"

@@ -111,16 +111,22 @@ class ColdRead(Exception):
 class ReadAhead:
     """Spans of blocking sources fetched off the loop for one read (bytes, by source)."""
 
-    __slots__ = ("_spans", "nbytes")
+    __slots__ = ("_spans", "_sources", "nbytes")
 
     def __init__(self) -> None:
         self._spans: dict[int, list[tuple[int, bytes]]] = {}
+        self._sources: dict[int, FrameSource] = {}
         self.nbytes = 0
 
     def add(self, source: FrameSource, lo: int, buf: bytes) -> None:
         """Keep `buf`, the bytes of `source` starting at offset `lo`."""
         self._spans.setdefault(id(source), []).append((lo, buf))
+        self._sources[id(source)] = source
         self.nbytes += len(buf)
+
+    def cold_sources(self) -> int:
+        """How many of the sources read are in the cold tier (their `cold` is true)."""
+        return sum(1 for s in self._sources.values() if getattr(s, "cold", False))
 
     def get(self, source: FrameSource, lo: int, hi: int) -> tuple[bytes, int] | None:
         """`(buf, base)` covering `[lo, hi)` of `source`, or None when not fetched."""

@@ -164,6 +164,7 @@ class ReadResult:
     scanned: int
     seqs: list[int] = field(default_factory=list)
     used: int = 0  # payload bytes delivered, counted against the budget
+    cold_segments: int = 0  # segments of the cold tier the read fetched bytes from
 
     @property
     def caught_up(self) -> bool:

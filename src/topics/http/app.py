@@ -37,6 +37,7 @@ from topics.errors import TopicsError, bad_request, throttled
 from topics.http.fanout import Fanout
 from topics.http.responses import Resp, error_resp
 from topics.node import Node
+from topics.storage.objstore import ColdStoreError
 
 __all__ = ["TopicsApp", "Ctx", "build_app", "drive"]
 
@@ -351,6 +352,18 @@ class TopicsApp:
             if is_ws:
                 await self._ws_reject(send, err)
                 return
+            resp = error_resp(err)
+        except ColdStoreError as exc:
+            # The object-store cold tier failed a read: writes and live delivery
+            # never wait on it (docs/FORMATS.md, "Object-store cold tier").
+            log.warning("cold tier read failed: %s %s: %s", method, scope["path"], exc)
+            if is_ws:
+                await send({"type": "websocket.close", "code": 1011})
+                return
+            if exc.retryable:
+                err = TopicsError(503, "cold_tier_unavailable", exc.message, {"retryable": True})
+            else:
+                err = TopicsError(500, "internal", f"cold tier read failed: {exc.message}")
             resp = error_resp(err)
         except (FrameCorrupt, OSError) as exc:
             # A segment frame that does not verify, or a file that cannot be read:

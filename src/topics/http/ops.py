@@ -157,6 +157,26 @@ _STORAGE_SERIES = (
         "Record bytes held in memory until checkpointed.",
     ),
     ("segments", "topics_segments", "gauge", "Segment files (pairs) on disk."),
+    ("cold_segments", "topics_cold_segments", "gauge", "Segments in the cold tier."),
+    (
+        "relocated_segments",
+        "topics_relocated_segments_total",
+        "counter",
+        "Segments moved to the cold tier (committed).",
+    ),
+    (
+        "relocation_copied_bytes",
+        "topics_relocation_copied_bytes_total",
+        "counter",
+        "Bytes copied to the cold tier.",
+    ),
+    (
+        "relocation_failures",
+        "topics_relocation_failures_total",
+        "counter",
+        "Copies to the cold tier that failed (retried).",
+    ),
+    ("relocation_queued", "topics_relocation_queued", "gauge", "Copies waiting or running."),
     ("checkpoints", "topics_checkpoints_total", "counter", "Completed checkpoint cycles."),
     (
         "checkpoint_failures",

@@ -161,8 +161,13 @@ def _diff_ends(t: Topic, r: ReadResult, t0: float) -> tuple[bytes, bytes]:
                 b"true" if r.caught_up else b"false",
             ),
             tomb,
-            b',"lag":%d,"performance":{"server_total_ms":%.3f,"records_scanned":%d}}'
-            % (r.lag, total, r.scanned),
+            b',"lag":%d,"performance":{"server_total_ms":%.3f,"records_scanned":%d%s}}'
+            % (
+                r.lag,
+                total,
+                r.scanned,
+                b',"cold_segments_read":%d' % r.cold_segments if r.cold_segments else b"",
+            ),
         )
     )
     return head, tail
@@ -234,7 +239,7 @@ async def read_diff(eng: Engine, name: str, p: DiffParams) -> tuple[Topic, ReadR
     ahead = ReadAhead()
     t, r = await read_pool.run(partial(eng.diff, name, first), ahead)
     if first is p or len(r.records) < DIFF_SLICE:
-        return t, r
+        return t, replace(r, cold_segments=ahead.cold_sources())
     tomb = r.tombstone
     records, seqs, scanned = list(r.records), list(r.seqs), r.scanned
     # The first slice ran the read preamble (router drain, retention); the others
@@ -263,7 +268,14 @@ async def read_diff(eng: Engine, name: str, p: DiffParams) -> tuple[Topic, ReadR
         r = more
         if len(more.records) < DIFF_SLICE:
             break
-    return t, replace(r, records=records, seqs=seqs, scanned=scanned, tombstone=tomb)
+    return t, replace(
+        r,
+        records=records,
+        seqs=seqs,
+        scanned=scanned,
+        tombstone=tomb,
+        cold_segments=ahead.cold_sources(),
+    )
 
 
 async def diff(ctx: Ctx) -> Resp:

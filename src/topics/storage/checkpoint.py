@@ -290,6 +290,11 @@ class Relocator:
         else:
             pool.submit(self._copy, store, first)
 
+    def has_done(self) -> bool:
+        """Whether finished copies wait for a cycle to commit them."""
+        with self._lock:
+            return bool(self._done)
+
     def take(self, topic_id: int, first: int) -> bytes | None:
         """The `.idx` bytes a finished copy uploaded (and forget it), or None."""
         with self._lock:
@@ -455,8 +460,13 @@ class Checkpointer:
         if self.cfg.interval_ms and elapsed_ms >= self.cfg.interval_ms:
             if grown > 0 or any(t.flip_seqs for t in self.engine.topics.values()):
                 return True
-            return self._age_due()
+            return self._age_due() or self._tier_work()
         return False
+
+    def _tier_work(self) -> bool:
+        """Copies to the cold tier to commit, or files that wait for a snapshot to go."""
+        rel = self.relocator
+        return bool(self._drops_pending) or (rel is not None and rel.has_done())
 
     def _age_due(self) -> bool:
         max_age = self.cfg.segment_max_age_ms

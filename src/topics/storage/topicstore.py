@@ -210,16 +210,18 @@ class SegmentSource:
     cannot be opened or read.
     """
 
-    __slots__ = ("fs", "name", "sealed", "_map", "_file", "__weakref__")
+    __slots__ = ("fs", "name", "sealed", "cold", "_map", "_file", "__weakref__")
 
     hdr = SEG_HDR
     verify = True
     blocking = True
 
-    def __init__(self, fs: Fs, data_path: str, sealed: bool) -> None:
+    def __init__(self, fs: Fs, data_path: str, sealed: bool, *, cold: bool = False) -> None:
         self.fs = fs
         self.name = data_path
         self.sealed = sealed
+        #: In the cold tier (reads of it count as `cold_segments_read`, docs/API.md 8.1).
+        self.cold = cold
         self._map: mmap.mmap | None = None
         self._file: File | None = None
 
@@ -375,7 +377,12 @@ class TopicStore:
     def source(self, seg: SegMeta) -> SegmentSource:
         """A reader of `seg`'s `.data` in the tier it is in now."""
         store = self.tier.store(seg.tier)
-        return SegmentSource(store.fs, store.path(seg.first_seq, SegmentPart.DATA), seg.sealed)
+        return SegmentSource(
+            store.fs,
+            store.path(seg.first_seq, SegmentPart.DATA),
+            seg.sealed,
+            cold=seg.tier is Tier.COLD,
+        )
 
     def alloc_loc(self) -> int:
         loc = self.next_loc
@@ -877,7 +884,7 @@ def load_topic(
                 tier,
             )
         )
-        sources[loc] = SegmentSource(tfs, paths.data, sealed=not active)
+        sources[loc] = SegmentSource(tfs, paths.data, sealed=not active, cold=tier is Tier.COLD)
     rows_all = np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else None
     if rows_all is None:
         rows_all = np.zeros(0, SLOT_DTYPE)
