@@ -169,14 +169,23 @@ def test_object_store_cold_tier_errors_never_touch_writes(tmp_path: Path, s3: st
         assert _all(srv.base)[:N] == list(range(N))
         assert _metrics(srv.base)["cold_segments"] >= 8
 
-        # A cold object that is gone: a 500 with the canonical body, not a gap.
+        # A cold object that is gone: a 500 with the canonical body, not a gap (a
+        # segment this process has not read, so no cached range answers for it).
+        st, ack = _call(srv.base, "POST", "/v0/topics/hist", {"records": [{"data": {"i": N}}]})
+        assert st == 200, ack
+        assert srv.stop() == 0
+        srv = ServerProcess(tmp_path, env)
         gone = next(k for k in keys if k.endswith(f"seg-{701:016d}.data"))
         obstore.delete(client, gone)
         st, body = _call(srv.base, "POST", "/v0/topics/hist/diff", {"from_seq": 700, "limit": 10})
         assert st == 500 and body["error"]["code"] == "internal", body
         assert _all_or_error(srv.base) == 500
-    finally:
+        # The next start refuses: the snapshot relies on a segment no tier holds whole.
         assert srv.stop() == 0
+        with pytest.raises(RuntimeError, match="segment 701"):
+            srv = ServerProcess(tmp_path, env)
+    finally:
+        srv.stop()
         proxy.close()
 
 
