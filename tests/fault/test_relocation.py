@@ -15,7 +15,6 @@ import pytest
 from tests.support.durable import DATA_DIR, Durable, fingerprint_equal, make_records
 from tests.support.fakedisk import FakeDisk
 from topics.storage.segment import topic_dir
-from topics.storage.segstore import Tier
 
 COLD = "/cold"
 
