@@ -9,11 +9,17 @@ dir no server is writing to (a live server's active WAL tail may read as torn).
   problem, with a tqdm progress bar over the files on stderr (shown on a
   terminal). Exit 0 when nothing is corrupt (a torn tail is fine), 1 on
   corruption, 2 on a usage error or a missing data dir, or a directory that is
-  not a data dir (none of `wal/`, `meta/`, `topics/`, `.topics.lock` in it).
-* ``topics dump DATA_DIR [--wal] [--segments] [--topic HEX_ID] [--json]`` prints
-  the WAL frames of every shard (the valid log, up to its end) and the segment
-  records of every topic; with neither flag both. `--json` writes one JSON
-  object per line. Exit 0, or 2 on a usage error or a missing data dir.
+  not a data dir (none of `wal/`, `meta/`, `topics/`, `.topics.lock` in it), or
+  a cold tier that cannot be read.
+* ``topics dump DATA_DIR [--wal] [--segments] [--topic HEX_ID] [--json] [--cold-dir DIR]``
+  prints the WAL frames of every shard (the valid log, up to its end) and the
+  segment records of every topic, then of the cold tier; with neither flag
+  both. `--json` writes one JSON object per line. Exit 0, 1 when a file cannot
+  be read, or 2 on a usage error or a missing data dir.
+
+`--cold-dir` is a directory or an `s3://bucket/prefix` url: an object-store cold
+tier (docs/FORMATS.md, "Object-store cold tier") is read through
+:func:`topics.storage.objstore.fs_for`, with the `AWS_*` environment.
 
 Entry points: :func:`main_verify` / :func:`main_dump` take the arguments after
 the subcommand name and return the exit code; :func:`add_subcommands` +
@@ -46,6 +52,7 @@ from topics.storage.check import (
     list_topic_dirs,
 )
 from topics.storage.fs import Fs, RealFs, read_file
+from topics.storage.objstore import ColdStoreError, cold_root, fs_for, is_object_url
 from topics.storage.segment import IDX_ENTRY_SIZE, scan_segments
 from topics.storage.wal import scan_shard
 
@@ -79,7 +86,11 @@ def _verify_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="treat every topic's newest segment as sealed (no torn tail allowed)",
     )
-    p.add_argument("--cold-dir", metavar="DIR", help="also check this cold-tier root")
+    p.add_argument(
+        "--cold-dir",
+        metavar="DIR",
+        help="also check this cold-tier root: a directory or s3://bucket/prefix",
+    )
     p.set_defaults(tools_command="verify")
 
 
@@ -89,6 +100,11 @@ def _dump_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--segments", action="store_true", help="dump segment records")
     p.add_argument("--topic", metavar="HEX_ID", help="only this topic id (hex, as in topics/)")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument(
+        "--cold-dir",
+        metavar="DIR",
+        help="also dump this cold-tier root's segments: a directory or s3://bucket/prefix",
+    )
     p.set_defaults(tools_command="dump")
 
 
@@ -96,7 +112,11 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("data_dir", metavar="DATA_DIR", help="the server's data directory")
     p.add_argument("--to", required=True, choices=["parquet"], help="output format")
     p.add_argument("out", metavar="OUT", help="output directory (must not exist or be empty)")
-    p.add_argument("--cold-dir", metavar="DIR", help="the cold-tier root, when one is set")
+    p.add_argument(
+        "--cold-dir",
+        metavar="DIR",
+        help="the cold-tier root, when one is set: a directory or s3://bucket/prefix",
+    )
     sel = p.add_mutually_exclusive_group()
     sel.add_argument("--topics", metavar="T1,T2", help="only these topics (default: all)")
     sel.add_argument("--topic-pattern", metavar="REGEX", help="only topics matching (whole name)")
@@ -158,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
             segments=args.segments,
             topic=args.topic,
             as_json=args.json,
+            cold_dir=args.cold_dir,
         )
     if cmd == "spark-export":
         return spark_export(args)
@@ -209,10 +230,13 @@ def repair(data_dir: str, *, dry_run: bool = False, fs: Fs | None = None) -> int
 def spark_export(args: argparse.Namespace) -> int:
     """`topics spark-export DATA_DIR --to parquet OUT` (docs/SPARK.md, "Bulk export to Parquet").
 
-    Exit 0 on success, 1 when a frame does not verify, 2 on a usage error (missing
-    data dir, non-empty OUT, pyarrow not installed).
+    `--cold-dir` is a directory or an `s3://bucket/prefix` url. Exit 0 on
+    success; 1 when the history cannot be read whole (a frame does not verify, a
+    segment the snapshot relies on is missing, the object store fails), with
+    nothing left in OUT; 2 on a usage error (missing data or cold dir, non-empty
+    OUT, a malformed url, pyarrow not installed).
     """
-    err = _data_dir_error(args.data_dir)
+    err = _data_dir_error(args.data_dir) or _cold_dir_error(args.cold_dir)
     if err:
         return _usage(err)
     try:
@@ -220,6 +244,7 @@ def spark_export(args: argparse.Namespace) -> int:
     except ImportError as e:
         return _usage(f"spark-export needs pyarrow: pip install 'topics[spark]' ({e})")
     from topics.engine.frames import FrameCorrupt
+    from topics.spark.segments import SegmentMissing
 
     names = [t.strip() for t in args.topics.split(",") if t.strip()] if args.topics else None
     try:
@@ -238,6 +263,14 @@ def spark_export(args: argparse.Namespace) -> int:
     except FrameCorrupt as e:
         print(f"topics: corrupt segment, export abandoned: {e}", file=sys.stderr)
         return EXIT_CORRUPT
+    except SegmentMissing as e:
+        print(f"topics: missing segment, export abandoned: {e}", file=sys.stderr)
+        return EXIT_CORRUPT
+    except ColdStoreError as e:
+        print(f"topics: cold tier unavailable, export abandoned: {e}", file=sys.stderr)
+        return EXIT_CORRUPT
+    except FileNotFoundError as e:
+        return _usage(str(e))
     print(
         f"exported {rep.records} records of {rep.topics} topic(s) from {rep.segments} "
         f"segment(s) into {rep.files} Parquet file(s) in {args.out} ({rep.seconds:.2f} s)"
@@ -291,6 +324,31 @@ def _data_dir_error(data_dir: str) -> str | None:
         return f"data dir {data_dir} does not exist"
     if not os.path.isdir(data_dir):
         return f"data dir {data_dir} is not a directory"
+    return None
+
+
+def _cold_dir_error(cold_dir: str | None, *, local: bool = True) -> str | None:
+    """Why `--cold-dir` cannot be read, or None.
+
+    An `s3://bucket/prefix` url is listed once (an unreachable store, a missing
+    bucket or a denied LIST is reported here; an empty prefix is an empty cold
+    tier); a directory must exist (checked only when `local`).
+    """
+    if cold_dir is None:
+        return None
+    if is_object_url(cold_dir):
+        try:
+            root = cold_root(cold_dir)
+            root.fs.isdir(root.url)
+        except (ValueError, ImportError) as e:
+            return f"--cold-dir {cold_dir}: {e}"
+        except ColdStoreError as e:
+            return f"cannot read the cold tier {cold_dir}: {e}"
+        return None
+    if "://" in cold_dir:
+        return f"--cold-dir {cold_dir}: a cold tier is a directory or an s3://bucket/prefix url"
+    if local and not os.path.isdir(cold_dir):
+        return f"cold dir {cold_dir} is not a directory"
     return None
 
 
@@ -410,12 +468,16 @@ def verify(
     cold_dir: str | None = None,
     fs: Fs | None = None,
 ) -> int:
-    """Check `data_dir`, print the report; returns 0 (ok), 1 (corrupt) or 2 (usage)."""
+    """Check `data_dir`, print the report; returns 0 (ok), 1 (corrupt) or 2 (usage).
+
+    `cold_dir` (a directory or an `s3://bucket/prefix` url) is checked too, every
+    segment in it as sealed. 2 also when the object store cannot be read (down,
+    a missing bucket, denied): that is not damage, and nothing was concluded.
+    """
     err = (_data_dir_error(data_dir) or _not_a_data_dir(data_dir)) if fs is None else None
+    err = err or _cold_dir_error(cold_dir, local=fs is None)
     if err is not None:
         return _usage(err)
-    if cold_dir is not None and fs is None and not os.path.isdir(cold_dir):
-        return _usage(f"cold dir {cold_dir} is not a directory")
     bar = tqdm(
         total=0,
         desc="verify",
@@ -443,6 +505,8 @@ def verify(
         )
     except (FileNotFoundError, NotADirectoryError) as e:
         return _usage(f"cannot check {data_dir}: {e}")
+    except ColdStoreError as e:
+        return _usage(f"cannot check the cold tier {cold_dir}: {e}")
     finally:
         bar.close()
     out = _Out()
@@ -578,8 +642,13 @@ def _wal_lines(fs: Fs, data_dir: str, topic: int | None, as_json: bool) -> Itera
                 yield f"# wal {label}: DAMAGE {d.describe(label)}"
 
 
-def _segment_lines(fs: Fs, data_dir: str, topic: int | None, as_json: bool) -> Iterator[str]:
-    for tid, d in list_topic_dirs(fs, data_dir):
+def _segment_lines(
+    fs: Fs, root: str, topic: int | None, as_json: bool, tier: str = "hot"
+) -> Iterator[str]:
+    """Records of every segment under `root` (`tier` "hot": the data dir, lines
+    `seg ...`; "cold": a cold-tier root, lines `cold ...`)."""
+    prefix = "seg" if tier == "hot" else tier
+    for tid, d in list_topic_dirs(fs, root):
         if topic is not None and tid != topic:
             continue
         for first, paths in scan_segments(fs, d).segments:
@@ -600,6 +669,7 @@ def _segment_lines(fs: Fs, data_dir: str, topic: int | None, as_json: bool) -> I
                 seq = first + i
                 obj: dict[str, Any] = {
                     "kind": "record",
+                    "tier": tier,
                     "topic_id": f"{tid:016x}",
                     "segment": seg,
                     "seq": seq,
@@ -620,7 +690,7 @@ def _segment_lines(fs: Fs, data_dir: str, topic: int | None, as_json: bool) -> I
                     yield (
                         _dumps(obj)
                         if as_json
-                        else (f"seg {obj['topic_id']} {seg} seq={seq} ERROR {obj['error']}")
+                        else (f"{prefix} {obj['topic_id']} {seg} seq={seq} ERROR {obj['error']}")
                     )
                     continue
                 obj["node"] = fr.node
@@ -632,7 +702,7 @@ def _segment_lines(fs: Fs, data_dir: str, topic: int | None, as_json: bool) -> I
                     continue
                 meta = fr.meta
                 line = (
-                    f"seg {obj['topic_id']} {seg} seq={seq} ts={ts} flags={fl:#04x}"
+                    f"{prefix} {obj['topic_id']} {seg} seq={seq} ts={ts} flags={fl:#04x}"
                     f"{' deleted' if fl == DELETED else ''} node={_text(fr.node)} "
                     f"tag={_text(fr.tag)} data={_bytes_text(fr.data)}"
                 )
@@ -648,10 +718,18 @@ def dump(
     segments: bool = False,
     topic: str | None = None,
     as_json: bool = False,
+    cold_dir: str | None = None,
     fs: Fs | None = None,
 ) -> int:
-    """Print WAL frames and/or segment records (both when neither is asked for)."""
+    """Print WAL frames and/or segment records (both when neither is asked for).
+
+    With `cold_dir` (a directory or an `s3://bucket/prefix` url) the segment
+    records of the cold tier follow those of the data dir (lines `cold ...`,
+    JSON `"tier": "cold"`). Returns 0, 1 when a file or object cannot be read
+    (the object store failing included), 2 on a usage error.
+    """
     err = _data_dir_error(data_dir) if fs is None else None
+    err = err or _cold_dir_error(cold_dir, local=fs is None)
     if err is not None:
         return _usage(err)
     try:
@@ -660,7 +738,7 @@ def dump(
         return _usage(str(e))
     if not wal and not segments:
         wal = segments = True
-    the_fs = fs or RealFs()
+    the_fs = fs_for(fs or RealFs(), cold_dir)
     out: Callable[[str], None] = _Out()
     try:
         if wal:
@@ -669,9 +747,13 @@ def dump(
         if segments:
             for line in _segment_lines(the_fs, data_dir, tid, as_json):
                 out(line)
+            if cold_dir is not None:
+                root = cold_root(cold_dir).url if is_object_url(cold_dir) else cold_dir
+                for line in _segment_lines(the_fs, root, tid, as_json, "cold"):
+                    out(line)
     except BrokenPipeError:
         _quiet_broken_pipe()
-    except OSError as e:
+    except (OSError, ColdStoreError) as e:
         print(f"topics: dump failed: {e}", file=sys.stderr)
         return EXIT_CORRUPT
     return EXIT_OK

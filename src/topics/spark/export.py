@@ -49,10 +49,18 @@ def export_parquet(
 ) -> ExportReport:
     """Export the live records of the selected topics (all by default) to Parquet in `out_dir`.
 
-    `out_dir` must not exist or be empty. The progress bar (tqdm, stderr) counts
-    planned seqs. Raises FileExistsError for a non-empty `out_dir`,
-    FileNotFoundError for a missing `data_dir`, FrameCorrupt for a frame that
-    does not verify (nothing is renamed into place then), OSError on I/O errors.
+    `out_dir` (a local directory) must not exist or be empty. `cold_dir` is the
+    cold-tier root: a directory or an `s3://bucket/prefix` url, read with ranged
+    GETs through a client made from the `AWS_*` environment (docs/SPARK.md,
+    "Cold tier in an object store"). The progress bar (tqdm, stderr) counts
+    planned seqs.
+
+    Raises FileExistsError for a non-empty `out_dir`; FileNotFoundError for a
+    missing `data_dir` or cold directory; :class:`~topics.spark.segments.SegmentMissing`
+    (a FileNotFoundError) for a segment the snapshot relies on that neither tier
+    holds; FrameCorrupt for a frame that does not verify;
+    :class:`~topics.storage.objstore.ColdStoreError` when the object store fails;
+    OSError on other I/O errors. Nothing is renamed into place after an error.
     """
     import pyarrow.parquet as pq
     from tqdm import tqdm

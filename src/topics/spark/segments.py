@@ -25,8 +25,24 @@ Entries are only read up to the snapshot's head, which the server made
 durable in segments before writing that snapshot; entries a later checkpoint
 is appending are ignored. A segment that moves from the hot
 directory to the cold tier after planning is read from the cold tier; one that
-is gone from both (its records fell below a floor since, or the topic was
-deleted) yields nothing and is logged.
+is gone from both yields nothing (logged) when the newest snapshot no longer
+relies on it (its records fell below a floor since, every entry was deleted, or
+the topic was deleted); when the snapshot still lists it, the read fails with
+:class:`SegmentMissing` rather than skip its records.
+
+**Object-store cold tier.** `cold_dir` may be an `s3://bucket/prefix` url
+(docs/SPARK.md, "Cold tier in an object store"): the same layout, read through
+the read-only :class:`~topics.storage.objstore.ObjectFs` (ranged GETs of just
+the `.idx` entries and `.data` bytes wanted, never a whole object). A slice
+carries the url, not a client, so a Spark executor rebuilds the store access
+from its own `AWS_*` environment (:func:`~topics.storage.objstore.cold_root`).
+
+**Missing segments.** Planning checks the segments the snapshot relies on
+(docs/FORMATS.md, "Segments the snapshot relies on") against those listed in
+the two tiers: a relied-on segment that is in neither, or has fewer `.idx`
+entries than the snapshot recorded, raises :class:`SegmentMissing` when the
+read's seq bounds reach it (an archive with a lost object is never read as if
+those records had not been written).
 
 **Verification.** Every frame read is checked as the server checks it
 (:func:`topics.format.frame.check_frame` with `SEG_HDR`: length prefix equal
@@ -71,8 +87,10 @@ from topics.format.idx import DELETED, F_HAS_META, F_HAS_NODE, F_HAS_TAG, IDX_EN
 from topics.fs import File, Fs
 from topics.storage.catalog import CatalogTopic, SegmentRef, load_catalog
 from topics.storage.fs import RealFs
-from topics.storage.segment import IDX_ENTRY_SIZE
+from topics.storage.objstore import cold_root, fs_for, is_object_url
+from topics.storage.segment import IDX_ENTRY_SIZE, segment_name, segment_paths, topic_dir
 from topics.storage.snapshot import list_snapshots, load_latest
+from topics.storage.topicstore import published_upto
 
 __all__ = [
     "DDL_SCHEMA",
@@ -81,6 +99,7 @@ __all__ = [
     "Bounds",
     "ReadOnlyFs",
     "OfflineTopic",
+    "SegmentMissing",
     "load_offline",
     "plan_slices",
     "read_slice",
@@ -167,9 +186,50 @@ class ReadOnlyFs:
         return self.inner.isdir(path)
 
 
-def _view(fs: Fs | None) -> ReadOnlyFs:
-    """`fs` (default: the real filesystem) as a :class:`ReadOnlyFs`."""
-    return fs if isinstance(fs, ReadOnlyFs) else ReadOnlyFs(fs)
+def _view(fs: Fs | None, cold_dir: str | None = None) -> ReadOnlyFs:
+    """`fs` (default: the real filesystem) as a :class:`ReadOnlyFs`; when `cold_dir`
+    is an `s3://` url, paths under it go to its object store instead
+    (:func:`~topics.storage.objstore.fs_for`)."""
+    if cold_dir is None or not is_object_url(cold_dir):
+        return fs if isinstance(fs, ReadOnlyFs) else ReadOnlyFs(fs)
+    inner = fs.inner if isinstance(fs, ReadOnlyFs) else (fs or RealFs())
+    return ReadOnlyFs(fs_for(inner, cold_dir))
+
+
+def _cold_root(cold_dir: str | None) -> str | None:
+    """`cold_dir` as slices carry it: an `s3://` url normalised (no trailing `/`),
+    a directory unchanged. Raises ValueError for a malformed url."""
+    if cold_dir is None or not is_object_url(cold_dir):
+        return cold_dir
+    return cold_root(cold_dir).url
+
+
+class SegmentMissing(FileNotFoundError):
+    """A segment the newest snapshot relies on is in neither tier, or is short
+    (docs/SPARK.md, "Errors").
+
+    Attributes:
+        topic: the topic name.
+        first_seq: the segment's first seq (its file name).
+        lo, hi: the seqs (inclusive) that cannot be read.
+        detail: what is wrong, one line (the message without the advice).
+    """
+
+    def __init__(self, topic: str, first_seq: int, lo: int, hi: int, detail: str) -> None:
+        self.topic = topic
+        self.first_seq = first_seq
+        self.lo = lo
+        self.hi = hi
+        self.detail = detail
+        super().__init__(
+            errno.ENOENT,
+            f"topic {topic}: {detail}; seqs {lo}..{hi} cannot be read, so the read is "
+            "refused rather than return the history without them (inspect with "
+            "`topics verify DATA_DIR --cold-dir ...`)",
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.topic, self.first_seq, self.lo, self.hi, self.detail))
 
 
 # -- planning ------------------------------------------------------------------------
@@ -182,13 +242,16 @@ class OfflineTopic:
     `upto` is the snapshot's head: every retained seq up to it is in a segment
     (the consistent point),
     `flips` the seqs whose delete flags the snapshot says are due, `ttl_ms` its
-    TTL (0 = off).
+    TTL (0 = off). `missing` lists `(first_seq, lo, hi)` for each segment the
+    snapshot relies on whose seqs `lo..hi` neither tier holds (see
+    :class:`SegmentMissing`); :func:`plan_slices` raises when a read reaches one.
     """
 
     cat: CatalogTopic
     upto: int
     ttl_ms: int
     flips: frozenset[int]
+    missing: tuple[tuple[int, int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +277,10 @@ class SegmentSlice:
     other tier (read when the listed copy moved). `ts_lo`/`ts_hi` are inclusive
     ms bounds, `keep_from_ts` drops expired records (ts below it), `deleted`
     are seqs deleted per the snapshot whose `.idx` flag may not be written yet.
+    `data_dir` and `cold_dir` are the roots planned from (`cold_dir` possibly an
+    `s3://` url, which the reading process resolves with its own `AWS_*`
+    environment); `data_dir` is None for a slice built by hand (a segment gone
+    at read time is then skipped without asking the snapshot).
     """
 
     topic: str
@@ -229,6 +296,8 @@ class SegmentSlice:
     ts_hi: int | None = None
     keep_from_ts: int | None = None
     deleted: tuple[int, ...] = field(default=())
+    data_dir: str | None = None
+    cold_dir: str | None = None
 
     @property
     def seqs(self) -> int:
@@ -242,25 +311,72 @@ def _expand(ranges: Any) -> set[int]:
     return out
 
 
+def _relied_part(m: Mapping[str, Any], first: int, lo: int, hi: int) -> tuple[int, int] | None:
+    """The seqs of `[lo, hi]` in segment `first` that the snapshot topic map `m`
+    relies on a segment for (docs/FORMATS.md, "Segments the snapshot relies on"),
+    or None: not listed, wholly at or below the floors, or inside a range
+    `topics repair` recorded as lost. A snapshot that does not list its segments
+    (an older format) cannot tell, so None."""
+    pub = published_upto(dict(m))
+    if not pub.listed:
+        return None
+    count = max((c for a, c in pub.segs if a == first), default=0)
+    lo, hi = max(lo, first, pub.floor + 1), min(hi, first + count - 1)
+    if hi < lo:
+        return None
+    for a, b in m.get("lost") or []:
+        if int(a) <= lo and hi <= int(b):
+            return None
+    return lo, hi
+
+
+def _missing(m: Mapping[str, Any], cat: CatalogTopic) -> tuple[tuple[int, int, int], ...]:
+    """`(first_seq, lo, hi)` of the seqs the snapshot map `m` relies on that no listed
+    segment of `cat` holds (the segment is in neither tier, or has fewer entries)."""
+    pub = published_upto(dict(m))
+    if not pub.listed:
+        return ()
+    have = {ref.first_seq: ref.last_seq for ref in cat.segments}
+    out: list[tuple[int, int, int]] = []
+    for first, count in pub.segs:
+        if count <= 0:
+            continue
+        part = _relied_part(m, first, have.get(first, first - 1) + 1, first + count - 1)
+        if part is not None:
+            out.append((first, *part))
+    return tuple(sorted(set(out)))
+
+
 def load_offline(
     data_dir: str, cold_dir: str | None = None, *, attempts: int = 5, fs: Fs | None = None
 ) -> dict[str, OfflineTopic]:
     """Topic name -> :class:`OfflineTopic` from the newest snapshot of `data_dir`.
 
     Retries when a checkpoint replaces the snapshot while it is being read, so
-    the catalog and the snapshot body always describe the same checkpoint.
-    Files are read through `fs` (default: the real filesystem), read-only.
-    Raises FileNotFoundError when `data_dir` does not exist, OSError when it
-    cannot be read, RuntimeError when it keeps changing under the reader.
+    the catalog and the snapshot body always describe the same checkpoint, and
+    when a segment the snapshot relies on is listed in neither tier (a segment
+    moving between tiers while they were listed); one still missing after the
+    last attempt is recorded in :attr:`OfflineTopic.missing`. Files are read
+    through `fs` (default: the real filesystem), read-only; `cold_dir` is a
+    directory or an `s3://bucket/prefix` url (an empty prefix is an empty cold
+    tier). Raises FileNotFoundError when `data_dir` (or a `cold_dir` directory)
+    does not exist, OSError when it cannot be read,
+    :class:`~topics.storage.objstore.ColdStoreError` when the object store
+    fails (unreachable, a missing bucket, denied), ValueError for a malformed
+    url, RuntimeError when the data dir keeps changing under the reader.
     Empty dict: no snapshot yet (nothing was checkpointed).
     """
-    view = _view(fs)
+    cold_dir = _cold_root(cold_dir)
+    view = _view(fs, cold_dir)
     if not view.isdir(data_dir):
         raise FileNotFoundError(errno.ENOENT, "data directory does not exist", data_dir)
-    if cold_dir is not None and not view.isdir(cold_dir):
+    if cold_dir is not None and is_object_url(cold_dir):
+        view.isdir(cold_dir)  # one LIST: a store that cannot be read fails here, not later
+    elif cold_dir is not None and not view.isdir(cold_dir):
         raise FileNotFoundError(errno.ENOENT, "cold directory does not exist", cold_dir)
     meta_dir = os.path.join(data_dir, "meta")
     last_err: Exception | None = None
+    found_missing: dict[str, OfflineTopic] | None = None
     for _ in range(attempts):
         try:
             before = list_snapshots(view, meta_dir) if view.isdir(meta_dir) else []
@@ -291,19 +407,29 @@ def load_offline(
                 cat.head_seq,
                 int(cfg.get("ttl_ms", 0) or 0),
                 frozenset(flips.get(cat.topic_id, ())),
+                _missing(m, cat),
             )
         else:
-            return out
+            if not any(t.missing for t in out.values()):
+                return out
+            found_missing = out  # perhaps listed mid-move between tiers: list again
+    if found_missing is not None:
+        return found_missing
     raise RuntimeError(f"cannot read a stable snapshot of {data_dir}: {last_err}")
 
 
-def _other_tier(ref: SegmentRef, data_dir: str, cold_dir: str | None) -> tuple[str, str] | None:
+def _other_tier(
+    ref: SegmentRef, topic_id: int, data_dir: str, cold_dir: str | None
+) -> tuple[str, str] | None:
+    """`(data, idx)` paths of segment `ref` in the tier it was not listed in (or None
+    without a cold tier), named by the same helpers as every tier (a url under an
+    `s3://` cold root)."""
     if cold_dir is None:
         return None
-    src, dst = (data_dir, cold_dir) if ref.tier == "hot" else (cold_dir, data_dir)
-    rel_d = os.path.relpath(ref.data_path, src)
-    rel_i = os.path.relpath(ref.idx_path, src)
-    return os.path.join(dst, rel_d), os.path.join(dst, rel_i)
+    p = segment_paths(
+        topic_dir(cold_dir if ref.tier == "hot" else data_dir, topic_id), ref.first_seq
+    )
+    return p.data, p.idx
 
 
 def _read_idx(fs: Fs, path: str, first_entry: int, count: int) -> np.ndarray[Any, Any]:
@@ -317,11 +443,11 @@ def _read_idx(fs: Fs, path: str, first_entry: int, count: int) -> np.ndarray[Any
 
 
 def _ts_range(
-    fs: Fs, ref: SegmentRef, lo: int, hi: int, data_dir: str, cold: str | None
+    fs: Fs, ref: SegmentRef, topic_id: int, lo: int, hi: int, data_dir: str, cold: str | None
 ) -> tuple[int, int] | None:
     """Min and max `ts` of the live `.idx` entries of seqs `[lo, hi]`, or None (none live)."""
     paths = [ref.idx_path]
-    alt = _other_tier(ref, data_dir, cold)
+    alt = _other_tier(ref, topic_id, data_dir, cold)
     if alt is not None:
         paths.append(alt[1])
     for p in paths:
@@ -337,6 +463,25 @@ def _ts_range(
     return None  # gone from both tiers: nothing to read
 
 
+def _missing_error(
+    t: OfflineTopic, first: int, lo: int, hi: int, data_dir: str, cold_dir: str | None
+) -> SegmentMissing:
+    name = segment_name(first)
+    ref = next((r for r in t.cat.segments if r.first_seq == first), None)
+    if ref is not None:
+        detail = (
+            f"segment {name} ({ref.tier} tier, {ref.data_path}) holds seqs up to "
+            f"{ref.last_seq}, fewer than the newest snapshot relies on"
+        )
+    else:
+        where = " nor ".join(p for p in (data_dir, cold_dir) if p is not None)
+        detail = (
+            f"segment {name}, which the newest snapshot relies on, is in neither tier "
+            f"({where}: a part or both are missing)"
+        )
+    return SegmentMissing(t.cat.name, first, lo, hi, detail)
+
+
 def plan_slices(
     topics: Mapping[str, OfflineTopic],
     bounds: Mapping[str, Bounds],
@@ -350,11 +495,18 @@ def plan_slices(
 
     Seq pruning uses the catalog alone; when a topic's bounds carry timestamps,
     its `.idx` files are read (never `.data`, through `fs`, default the real
-    filesystem) and segments whose live timestamps all fall outside are
-    dropped. `now_ms` (default: the wall clock) is the time TTLs are judged
-    against. Slices come ordered by topic, then seq.
+    filesystem, and the object store of an `s3://` `cold_dir`) and segments
+    whose live timestamps all fall outside are dropped. `now_ms` (default: the
+    wall clock) is the time TTLs are judged against. Slices come ordered by
+    topic, then seq.
+
+    Raises :class:`SegmentMissing` when the seq bounds of a topic reach seqs
+    that a segment the snapshot relies on should hold but neither tier does
+    (:attr:`OfflineTopic.missing`); OSError or
+    :class:`~topics.storage.objstore.ColdStoreError` when an `.idx` read fails.
     """
-    view = _view(fs)
+    cold_dir = _cold_root(cold_dir)
+    view = _view(fs, cold_dir)
     now = SystemClock().now_ms() if now_ms is None else now_ms
     out: list[SegmentSlice] = []
     for name in sorted(bounds):
@@ -367,6 +519,9 @@ def plan_slices(
         hi_all = t.upto if b.seq_hi is None else min(b.seq_hi, t.upto)
         if hi_all < lo_all:
             continue
+        for first, lo, hi in t.missing:
+            if lo <= hi_all and hi >= lo_all:
+                raise _missing_error(t, first, max(lo, lo_all), min(hi, hi_all), data_dir, cold_dir)
         keep_from = now - t.ttl_ms if t.ttl_ms > 0 else None
         for ref in cat.segments:
             lo = max(lo_all, ref.first_seq)
@@ -374,7 +529,7 @@ def plan_slices(
             if hi < lo:
                 continue
             if b.ts_lo is not None or b.ts_hi is not None or keep_from is not None:
-                rng = _ts_range(view, ref, lo, hi, data_dir, cold_dir)
+                rng = _ts_range(view, ref, cat.topic_id, lo, hi, data_dir, cold_dir)
                 if rng is None:
                     continue
                 tmin, tmax = rng
@@ -384,7 +539,7 @@ def plan_slices(
                     continue
                 if b.ts_hi is not None and tmin > b.ts_hi:
                     continue
-            alt = _other_tier(ref, data_dir, cold_dir)
+            alt = _other_tier(ref, cat.topic_id, data_dir, cold_dir)
             deleted = tuple(sorted(s for s in t.flips if lo <= s <= hi))
             out.append(
                 SegmentSlice(
@@ -401,6 +556,8 @@ def plan_slices(
                     ts_hi=b.ts_hi,
                     keep_from_ts=keep_from,
                     deleted=deleted,
+                    data_dir=data_dir,
+                    cold_dir=cold_dir,
                 )
             )
     return out
@@ -455,6 +612,47 @@ def _open_pair(fs: Fs, sl: SegmentSlice) -> tuple[File, File, str]:
             continue
         return ifile, dfile, dp
     raise _Gone()
+
+
+def _gone_error(view: Fs, sl: SegmentSlice) -> SegmentMissing | None:
+    """None when segment `sl`, gone from both tiers, was dropped as the server drops
+    segments: the newest snapshot of `sl.data_dir` no longer relies on its seqs
+    `[sl.lo, sl.hi]` (a checkpoint deletes a segment only once a snapshot that no
+    longer lists it is durable), or lists no segments (an older format: cannot
+    tell). Otherwise the error to raise."""
+    if sl.data_dir is None:
+        return None
+    name = segment_name(sl.first_seq)
+    where = " nor ".join(p for p in (sl.data_dir, sl.cold_dir) if p is not None)
+    try:
+        found = load_latest(view, os.path.join(sl.data_dir, "meta"))
+    except OSError as e:
+        found, why = None, f": {e}"
+    else:
+        why = ""
+    if found is None:
+        return SegmentMissing(
+            sl.topic,
+            sl.first_seq,
+            sl.lo,
+            sl.hi,
+            f"segment {name} is gone from both tiers ({where}) since planning, and no "
+            f"snapshot of {sl.data_dir} can be read here to tell whether it was dropped{why}",
+        )
+    m = next((t for t in found[1].get("topics") or [] if int(t["id"]) == sl.topic_id), None)
+    if m is None:
+        return None  # the topic was deleted
+    part = _relied_part(m, sl.first_seq, sl.lo, sl.hi)
+    if part is None:
+        return None
+    return SegmentMissing(
+        sl.topic,
+        sl.first_seq,
+        part[0],
+        part[1],
+        f"segment {name}, which the newest snapshot still relies on, is gone from both "
+        f"tiers ({where})",
+    )
 
 
 _HDR_COLS = np.arange(SEG_HDR, dtype=np.int64)
@@ -517,15 +715,29 @@ def read_slice(
 ) -> Iterator[pa.RecordBatch]:
     """The live records of `sl` as record batches of :func:`arrow_schema` (`value_format`).
 
-    Files are read through `fs` (default: the real filesystem), read-only.
+    Files are read through `fs` (default: the real filesystem), read-only; paths
+    under an `s3://` `sl.cold_dir` through that object store (made from this
+    process's `AWS_*` environment), with ranged GETs of the `.idx` entries and
+    the `.data` bytes of each batch only.
+
+    A segment gone from both tiers since planning yields nothing (logged as a
+    warning) when the newest snapshot of `sl.data_dir` no longer relies on it
+    (dropped below a floor, fully deleted, topic deleted); otherwise
+    :class:`SegmentMissing` is raised, as it is when that snapshot cannot be
+    read here to tell.
+
     Raises FrameCorrupt (file, seq, reason) on a frame that does not verify,
-    OSError when a file cannot be read. A segment gone from both tiers yields
-    nothing (logged as a warning).
+    :class:`SegmentMissing` (above), OSError when a file cannot be read,
+    :class:`~topics.storage.objstore.ColdStoreError` when the object store fails.
     """
     schema = arrow_schema(value_format)
+    view = _view(fs, sl.cold_dir)
     try:
-        ifile, dfile, data_path = _open_pair(_view(fs), sl)
+        ifile, dfile, data_path = _open_pair(view, sl)
     except _Gone:
+        err = _gone_error(view, sl)
+        if err is not None:
+            raise err from None
         log.warning(
             "segment %s of topic %s is gone (dropped or moved since planning); skipped",
             os.path.basename(sl.data_path),

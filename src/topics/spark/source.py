@@ -7,8 +7,9 @@ registration of the `pyspark_topics` module installed with `topics[spark]`.
 
 Reads (schema :data:`~topics.spark.segments.DDL_SCHEMA`):
 
-* `path` (a data directory; plus `coldDir`): offline batch read of segment
-  files, one partition per segment (:mod:`topics.spark.segments`).
+* `path` (a data directory; plus `coldDir`, a directory or an
+  `s3://bucket/prefix` url): offline batch read of segment files, one
+  partition per segment (:mod:`topics.spark.segments`).
 * `url` (plus `token`): batch or streaming read through a running server's
   `diff` (:mod:`topics.spark.server`), offsets `{"topic": seq}`.
 
@@ -74,6 +75,7 @@ from topics.spark.server import (
     check_topic_name,
     read_range,
 )
+from topics.storage.objstore import cold_root, is_object_url
 
 __all__ = ["TopicsDataSource"]
 
@@ -278,10 +280,34 @@ def _ms_option(options: Mapping[str, str], name: str) -> int | None:
     return opt.parse_int(options, name, None, minimum=0)
 
 
+def _cold_dir(options: Mapping[str, str]) -> str | None:
+    """Option `coldDir`: a directory, or an `s3://bucket/prefix` url checked for its
+    shape only (no request; each process builds its own client from its `AWS_*`
+    environment, docs/SPARK.md "Cold tier in an object store")."""
+    value = opt.get(options, "coldDir")
+    if value is None:
+        return None
+    if is_object_url(value):
+        try:
+            cold_root(value)
+        except ValueError as e:
+            raise OptionError(f"option coldDir: {e}") from None
+        except ImportError as e:
+            raise OptionError(
+                f"option coldDir: an s3:// cold tier needs the obstore package ({e})"
+            ) from None
+    elif "://" in value:
+        raise OptionError(
+            f"option coldDir: {value!r}: a cold tier is a directory or an s3://bucket/prefix "
+            "url (s3a:// and other schemes are not read)"
+        )
+    return value
+
+
 class _OfflineReader(DataSourceReader):
     def __init__(self, options: Mapping[str, str], value_format: str) -> None:
         self.data_dir = str(opt.get(options, "path"))
-        self.cold_dir = opt.get(options, "coldDir")
+        self.cold_dir = _cold_dir(options)
         self.value_format = value_format
         self.selector = opt.parse_topics(options)
         self.starting, self.ending = _batch_range(options)

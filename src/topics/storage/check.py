@@ -66,6 +66,7 @@ from topics.format.frame import (
 from topics.format.idx import DELETED, IDX_ENTRY_DTYPE
 from topics.format.snapshot import SnapshotInvalid, decode_snapshot
 from topics.storage.fs import Fs, read_file
+from topics.storage.objstore import cold_root, fs_for, is_object_url
 from topics.storage.recovery import segment_damage
 from topics.storage.segment import IDX_ENTRY_SIZE, SegmentPaths, scan_segments, topic_dir
 from topics.storage.snapshot import list_snapshots
@@ -603,11 +604,23 @@ def check(
     enumerated and after each WAL file, segment and snapshot. `all_sealed`
     treats the newest segment of every topic as sealed too; `cold_dir` also
     checks the cold tier's `<cold_dir>/topics/` (every cold segment is sealed).
+    `cold_dir` may be an `s3://bucket/prefix` url (docs/FORMATS.md, "Object-store
+    cold tier"): its objects are then read through that store's read-only
+    :class:`~topics.storage.objstore.ObjectFs` (the `AWS_*` environment), the
+    rest through `fs`, and problems name them by url. A missing cold directory
+    (an empty prefix) is an empty cold tier.
 
     Raises:
         FileNotFoundError: `data_dir` does not exist.
         NotADirectoryError: `data_dir` is not a directory.
+        ColdStoreError: the object store of an `s3://` `cold_dir` failed a request
+            (unreachable, a missing bucket, denied): nothing can be concluded, so
+            it is not reported as a problem.
+        ValueError: `cold_dir` is a malformed `s3://` url.
     """
+    if cold_dir is not None and is_object_url(cold_dir):
+        cold_dir = cold_root(cold_dir).url
+        fs = fs_for(fs, cold_dir)
     if not fs.exists(data_dir):
         raise FileNotFoundError(data_dir)
     fs.listdir(data_dir)  # NotADirectoryError for a plain file
@@ -627,7 +640,7 @@ def check(
             "flat wal/*.log files next to shard-NN directories",
         )
     tiers: list[tuple[str, bool]] = [(data_dir, all_sealed)]
-    if cold_dir is not None and fs.exists(cold_dir):
+    if cold_dir is not None and fs.isdir(cold_dir):
         tiers.append((cold_dir, True))
     topics: list[tuple[int, str, bool, int]] = []
     for root, sealed in tiers:
