@@ -431,7 +431,7 @@ class Node:
         `index_bytes` is what the per-topic slot arrays hold (capacity included),
         `index_slots` their length, `chunk_bytes` the in-memory frames not yet
         copied into segments; durable mode adds `segments`, `cold_segments`,
-        `checkpoints`, `checkpoint_failures`, `last_checkpoint` (once one ran) and
+        `reclaimed_segments`, `reclaimed_bytes`, `checkpoints`, `checkpoint_failures`, `last_checkpoint` (once one ran) and
         `recovery`, and with a cold tier `relocated_segments`,
         `relocation_copied_bytes`, `relocation_failures` and `relocation_queued`
         (docs/API.md, "15.3 `GET /v0/metrics`").
@@ -452,6 +452,8 @@ class Node:
         out["cold_segments"] = sum(
             1 for st in list(ck.stores.values()) for g in list(st.segs) if g.tier is Tier.COLD
         )
+        out["reclaimed_segments"] = ck.reclaimed
+        out["reclaimed_bytes"] = ck.reclaimed_bytes
         rel = ck.relocator
         if rel is not None:
             out["relocated_segments"] = ck.relocated

@@ -159,6 +159,18 @@ _STORAGE_SERIES = (
     ("segments", "topics_segments", "gauge", "Segment files (pairs) on disk."),
     ("cold_segments", "topics_cold_segments", "gauge", "Segments in the cold tier."),
     (
+        "reclaimed_segments",
+        "topics_reclaimed_segments_total",
+        "counter",
+        "Segments rewritten without their deleted records' bytes.",
+    ),
+    (
+        "reclaimed_bytes",
+        "topics_reclaimed_bytes_total",
+        "counter",
+        "Bytes of deleted records given back by rewrites.",
+    ),
+    (
         "relocated_segments",
         "topics_relocated_segments_total",
         "counter",

@@ -67,12 +67,15 @@ from topics.storage.snapshot import (
     write_snapshot,
 )
 from topics.storage.topicstore import (
+    RECLAIM_DEAD_RATIO,
     SegmentSource,
     SegMeta,
     TopicStore,
     flip_deleted,
     flip_deleted_in,
+    install_rewrite,
     is_object_url,
+    plan_rewrite,
     replace_idx,
     retire_topic_dir,
     retired_dirs,
@@ -103,6 +106,9 @@ _HOLE_FRAME = 45  # a segment frame with no node, tag or payload
 #: Most segment-frame bytes converted and written in one step (a single larger
 #: record still goes whole): bounds a cycle's working memory, see `_topic_files`.
 STEP_BYTES = 2 * 1024 * 1024
+#: Most bytes of segments one cycle rewrites to reclaim deleted records' space
+#: (docs/FORMATS.md, "Reclaim"); segments beyond it wait for later cycles.
+RECLAIM_BYTES_PER_CYCLE = 64 * 1024 * 1024
 
 
 class CheckpointFailed(Exception):
@@ -152,6 +158,8 @@ class CheckpointReport:
     flips: int = 0
     wal_pruned: int = 0
     relocated: int = 0
+    reclaimed: int = 0
+    reclaimed_bytes: int = 0
     seconds: float = 0.0
 
 
@@ -180,6 +188,11 @@ class _Result:
     drops: list[tuple[TopicStore, SegMeta]] = field(default_factory=list)
     # Segments whose tier became COLD in this cycle (their readers move on the loop).
     relocated: list[SegMeta] = field(default_factory=list)
+    # Segments rewritten without their deleted records' bytes: new frame offsets
+    # and lengths per entry (the loop re-points their slots and readers).
+    rewritten: list[tuple[SegMeta, np.ndarray[Any, Any], np.ndarray[Any, Any]]] = field(
+        default_factory=list
+    )
     error: BaseException | None = None
     flips_failed: bool = False
 
@@ -386,6 +399,10 @@ class Checkpointer:
         self.cycles = 0
         self.failures = 0
         self.relocated = 0  # segments whose move to the cold tier was committed
+        self.reclaimed = 0  # segments rewritten without their deleted records' bytes
+        self.reclaimed_bytes = 0
+        self._reclaim_lock = threading.Lock()
+        self._reclaim_left = 0
         self.last: CheckpointReport | None = None
         self._stopped = False
         self._force = False
@@ -535,6 +552,8 @@ class Checkpointer:
             self._force = False
             self.cycles += 1
             self.relocated += report.relocated
+            self.reclaimed += report.reclaimed
+            self.reclaimed_bytes += report.reclaimed_bytes
             self.last = report
             return report
 
@@ -705,6 +724,7 @@ class Checkpointer:
         fs = self.fs
         now = int(meta["taken_ms"])
         results: list[_Result] = []
+        self._reclaim_left = RECLAIM_BYTES_PER_CYCLE
         for r, part in self._all_topic_files(plans, now):
             results.append(r)
             report.records += part.records
@@ -712,6 +732,8 @@ class Checkpointer:
             report.sealed += part.sealed
             report.dropped += part.dropped
             report.relocated += part.relocated
+            report.reclaimed += part.reclaimed
+            report.reclaimed_bytes += part.reclaimed_bytes
         for r in results:
             self._drops_pending.extend(r.drops)
         ok = all(r.error is None for r in results)
@@ -901,8 +923,50 @@ class Checkpointer:
 
     def _topic_files(self, p: _Plan, r: _Result, now: int, report: CheckpointReport) -> None:
         self._topic_segments(p, r, now, report)
+        self._reclaim(p, r, report)
         if self.relocator is not None and p.store.tier.cold is not None:
             self._relocate(p.store, r, report)
+
+    def _reclaim_take(self, nbytes: int) -> bool:
+        """Take `nbytes` of this cycle's rewrite budget; False when it is spent."""
+        with self._reclaim_lock:
+            if self._reclaim_left <= 0:
+                return False
+            self._reclaim_left -= nbytes
+            return True
+
+    def _reclaim(self, p: _Plan, r: _Result, report: CheckpointReport) -> None:
+        """Rewrite sealed hot segments whose deleted records hold their bytes.
+
+        A segment qualifies once deleted entries that are not yet holes make up
+        :data:`~topics.storage.topicstore.RECLAIM_DEAD_RATIO` of it (a fully
+        deleted one is dropped instead). Each cycle rewrites at most
+        :data:`RECLAIM_BYTES_PER_CYCLE` bytes of segments; the rest wait for the
+        next. The rewrite keeps every entry, so the snapshot's view of the
+        segment does not change (docs/FORMATS.md, "Reclaim").
+        """
+        store = p.store
+        for seg in store.segs:
+            if not seg.sealed or seg.tier is not Tier.HOT or seg.deleted >= seg.count:
+                continue
+            dead = seg.deleted - seg.holes
+            if dead <= 0 or dead < RECLAIM_DEAD_RATIO * seg.count:
+                continue
+            if not self._reclaim_take(seg.data_bytes):
+                return
+            paths = segment_paths(store.dir, seg.first_seq)
+            try:
+                rw = plan_rewrite(self.fs, paths, seg.first_seq, store.topic_id)
+            except OSError as exc:
+                log.warning("segment %s not reclaimed: %s", paths.data, exc)
+                continue
+            src = p.topic.sources.get(seg.loc)
+            install_rewrite(self.fs, paths, rw, src.pin if isinstance(src, SegmentSource) else None)
+            report.reclaimed += 1
+            report.reclaimed_bytes += seg.data_bytes - len(rw.data)
+            seg.holes = rw.holes
+            seg.data_bytes = len(rw.data)
+            r.rewritten.append((seg, rw.offsets, rw.lens))
 
     def _relocation_candidates(self, store: TopicStore) -> list[SegMeta]:
         """Sealed hot segments beyond the hot-retention bounds, oldest first."""
@@ -1023,6 +1087,7 @@ class Checkpointer:
             seg.count = w.count
             seg.data_bytes = w.data_bytes
             seg.deleted += int(np.count_nonzero(hole[i:j]))
+            seg.holes += int(np.count_nonzero(hole[i:j]))
             locs[i:j] = seg.loc
             offs[i:j] = entries["offset"]
             lens[i:j] = entries["len"]
@@ -1170,6 +1235,24 @@ class Checkpointer:
                 gone = t.sources.pop(loc, None)
                 if isinstance(gone, SegmentSource):
                     gone.close()
+            for seg, offs, lens in r.rewritten:
+                # The segment's file was replaced: its slots point into the new
+                # bytes and a new reader opens them; the old reader (pinned to the
+                # old file) goes (docs/FORMATS.md, "Reclaim").
+                old = t.sources.get(seg.loc)
+                if live and seg.loc in t.sources:
+                    idx = t.index
+                    lo = max(seg.first_seq, idx.base_seq)
+                    hi = min(seg.last_seq, idx.end_seq)
+                    if lo <= hi:
+                        w = idx.window(lo - idx.base_seq, hi - lo + 1)
+                        k = lo - seg.first_seq
+                        mine = w["loc"] == seg.loc
+                        w["offset"][mine] = offs[k : k + hi - lo + 1][mine]
+                        w["len"][mine] = lens[k : k + hi - lo + 1][mine]
+                    t.sources[seg.loc] = r.plan.store.source(seg)
+                if isinstance(old, SegmentSource):
+                    old.close()
             for seg in r.relocated:
                 # Reads move to the cold copy now; the hot copy goes after the next
                 # snapshot, which lists the segment as cold (docs/FORMATS.md, "Relocation").

@@ -42,7 +42,14 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from topics.engine.index import LOC_HOLE, NODE_UNKNOWN, SLOT_DTYPE, SlotArray
-from topics.format.frame import SEG_FRAME_OVERHEAD, SEG_HDR, Buf, segment_data_lens
+from topics.format.frame import (
+    SEG_FRAME_OVERHEAD,
+    SEG_HDR,
+    Buf,
+    check_frame,
+    encode_record,
+    segment_data_lens,
+)
 from topics.format.idx import (
     DELETED,
     F_HAS_META,
@@ -87,6 +94,13 @@ __all__ = [
     "flip_deleted_in",
     "replace_idx",
     "sealed_tiling_problem",
+    "RECLAIM_DEAD_RATIO",
+    "REWRITE_SUFFIX",
+    "Rewrite",
+    "plan_rewrite",
+    "install_rewrite",
+    "finish_rewrites",
+    "idx_to_check",
     "retire_topic_dir",
     "retired_dirs",
     "unlink_dir",
@@ -210,7 +224,7 @@ class SegmentSource:
     cannot be opened or read.
     """
 
-    __slots__ = ("fs", "name", "sealed", "cold", "_map", "_file", "__weakref__")
+    __slots__ = ("fs", "name", "sealed", "cold", "_map", "_file", "_pinned", "__weakref__")
 
     hdr = SEG_HDR
     verify = True
@@ -224,6 +238,23 @@ class SegmentSource:
         self.cold = cold
         self._map: mmap.mmap | None = None
         self._file: File | None = None
+        # A handle on the file as it was when :meth:`pin` ran, outside the pool:
+        # every read goes to it until :meth:`close` (a rewrite replaced the file).
+        self._pinned: File | None = None
+
+    def pin(self) -> None:
+        """Keep reading the file as it is now, even once another file takes its name.
+
+        Called before a rewrite renames new bytes over the segment
+        (docs/FORMATS.md, "Reclaim"): until the engine switches to a new source
+        and closes this one, reads see the old bytes their slots point into.
+        Raises OSError when the file cannot be opened.
+        """
+        f = self.fs.open(self.name)
+        with open_files.lock:
+            old, self._pinned = self._pinned, f
+        if old is not None:
+            old.close()
 
     @property
     def is_open(self) -> bool:
@@ -238,6 +269,9 @@ class SegmentSource:
         """
         pool = open_files
         with pool.lock:
+            pinned = self._pinned
+            if pinned is not None:
+                return pinned.pread(hi - lo, lo), lo
             m = self._map
             if m is not None:
                 pool.touch(self)
@@ -263,6 +297,10 @@ class SegmentSource:
         syncs (:mod:`topics.storage.iogate`), without kernel readahead. Short at
         the end of the file. Raises OSError when the file cannot be read.
         """
+        with open_files.lock:
+            pinned = self._pinned
+            if pinned is not None:
+                return pinned.pread(hi - lo, lo)
         f = self.fs.open(self.name)
         try:
             f.no_readahead()
@@ -314,10 +352,13 @@ class SegmentSource:
                 open_files.discard(self)
 
     def close(self) -> None:
-        """Release the map and the read handle (idempotent); a later read reopens."""
+        """Release the map and the read handles (idempotent); a later read reopens."""
         with open_files.lock:
             open_files.discard(self)
             self._drop_handle()
+            pinned, self._pinned = self._pinned, None
+        if pinned is not None:
+            pinned.close()
 
 
 @dataclass(slots=True)
@@ -332,6 +373,7 @@ class SegMeta:
     deleted: int = 0
     first_ts: int = 0
     tier: Tier = Tier.HOT
+    holes: int = 0  # entries that are header-only frames (their bytes already reclaimed)
 
     @property
     def last_seq(self) -> int:
@@ -661,7 +703,7 @@ def _listed_problems(on: _OnDisk) -> _Found:
                 )
             ranges.append((first, last))
             continue
-        raw = read_file(fs, paths.idx)
+        raw = read_file(fs, idx_to_check(fs, paths))
         data_size = _file_size(fs, paths.data)
         have = len(raw) // IDX_ENTRY_SIZE
         if have < count:
@@ -729,7 +771,7 @@ def _unlisted_problems(on: _OnDisk) -> _Found:
         if i + 1 < len(listed) and listed[i + 1] - 1 <= floor:
             continue  # wholly below the floor: not read again, dropped by a checkpoint
         paths = segment_paths(d, first)
-        raw = read_file(fs, paths.idx)
+        raw = read_file(fs, idx_to_check(fs, paths))
         data_size = _file_size(fs, paths.data)
         newest = i == len(listed) - 1
         if newest:
@@ -788,6 +830,7 @@ def load_topic(
     """
     store = TopicStore.create(fs, root, topic_id, cold_root)
     d = store.dir
+    finish_rewrites(fs, d)
     scan = scan_segments(fs, d)
     # The check passed, so a half without its pair was never published (an
     # interrupted checkpoint: the WAL still has those records) or is what a drop
@@ -862,6 +905,7 @@ def load_topic(
         data = read_file(tfs, paths.data) if needs_data else None
         loc = store.alloc_loc()
         rows, deleted = _rows(entries, loc, data, data_size)
+        holes = int(np.count_nonzero((fl == DELETED) & (entries["len"] == HOLE_FRAME_BYTES)))
         if not parts:
             base_seq = first
         elif first > expect:
@@ -882,6 +926,7 @@ def load_topic(
                 deleted,
                 int(entries["ts"][0]),
                 tier,
+                holes,
             )
         )
         sources[loc] = SegmentSource(tfs, paths.data, sealed=not active, cold=tier is Tier.COLD)
@@ -889,6 +934,131 @@ def load_topic(
     if rows_all is None:
         rows_all = np.zeros(0, SLOT_DTYPE)
     return LoadedTopic(store, base_seq, rows_all, sources)
+
+
+#: Suffix of the files a rewrite writes before it renames them over a segment's parts
+#: (docs/FORMATS.md, "Reclaim").
+REWRITE_SUFFIX = ".rw"
+#: Bytes of a header-only segment frame (a hole: no node, tag or payload).
+HOLE_FRAME_BYTES = 45
+#: A sealed segment is rewritten once at least this share of its entries are
+#: deleted records that still hold their bytes (docs/FORMATS.md, "Reclaim").
+RECLAIM_DEAD_RATIO = 0.5
+
+
+def idx_to_check(fs: Fs, paths: SegmentPaths) -> str:
+    """The `.idx` that pairs with `.data` now: the rewrite's `.idx.rw` when a rewrite
+    renamed its `.data` in and was cut short before its `.idx` (recovery finishes it,
+    :func:`finish_rewrites`), else the segment's `.idx`."""
+    idx_rw = paths.idx + REWRITE_SUFFIX
+    if fs.exists(idx_rw) and not fs.exists(paths.data + REWRITE_SUFFIX):
+        return idx_rw
+    return paths.idx
+
+
+def finish_rewrites(fs: Fs, d: str) -> None:
+    """Finish or undo the rewrites a crash cut short in topic directory `d`.
+
+    A rewrite writes `.data.rw` and `.idx.rw` (each synced, the directory synced
+    after each), then renames `.data.rw` and `.idx.rw` over the parts. So an
+    `.idx.rw` without its `.data.rw` means the new `.data` is in: the `.idx.rw` is
+    renamed over the `.idx`. Any other leftover is a rewrite that renamed
+    nothing: the segment is whole as it was, and the leftovers go. Raises OSError.
+    """
+    if not fs.exists(d):
+        return
+    names = set(fs.listdir(d))
+    changed = False
+    for name in sorted(names):
+        if not name.endswith(".idx" + REWRITE_SUFFIX):
+            continue
+        stem = name[: -len(".idx" + REWRITE_SUFFIX)]
+        if stem + ".data" + REWRITE_SUFFIX not in names:
+            fs.replace(posixpath.join(d, name), posixpath.join(d, stem + ".idx"))
+            changed = True
+    for name in sorted(names):
+        if name.endswith(REWRITE_SUFFIX) and fs.exists(posixpath.join(d, name)):
+            fs.unlink(posixpath.join(d, name))
+            changed = True
+    if changed:
+        fs.fsync_dir(d)
+
+
+class Rewrite(NamedTuple):
+    """A sealed segment rewritten without its deleted records' bytes."""
+
+    data: bytes
+    idx: bytes
+    offsets: np.ndarray  # per entry: the new frame offset in `.data`
+    lens: np.ndarray  # per entry: the new frame length
+    holes: int  # header-only entries in the new segment
+
+
+def plan_rewrite(fs: Fs, paths: SegmentPaths, first_seq: int, topic_id: int) -> Rewrite:
+    """The segment at `paths` with every deleted entry's frame replaced by a hole.
+
+    Entries keep their seqs, timestamps and flags; a deleted one's frame becomes
+    header-only (45 bytes), every other frame is copied byte for byte after it
+    verified (length, seq, checksum). Raises OSError when a part cannot be read,
+    its `.idx` does not tile its `.data`, or a frame kept does not verify: what
+    cannot be read is never rewritten.
+    """
+    raw = read_file(fs, paths.idx)
+    data = read_file(fs, paths.data)
+    why = sealed_tiling_problem(raw, len(data))
+    if why is not None:
+        raise OSError(errno.EIO, f"not rewritten: {paths.data} {why}")
+    e = _idx_entries(raw)
+    flags = e["flags"]
+    offs = e["offset"].astype(np.int64)
+    lens = e["len"].astype(np.int64)
+    new_lens = np.where(flags == DELETED, HOLE_FRAME_BYTES, lens)
+    new_offs = np.concatenate(([0], np.cumsum(new_lens)[:-1])).astype(np.int64)
+    parts: list[bytes] = []
+    ts = e["ts"]
+    for i in range(len(e)):
+        seq = first_seq + i
+        if flags[i] == DELETED:
+            parts.append(
+                encode_record(
+                    topic_id, seq, int(ts[i]), None, None, b"", None, durable=False, segment=True
+                )
+            )
+            continue
+        o, ln = int(offs[i]), int(lens[i])
+        bad = check_frame(data, o, ln, seq, SEG_HDR)
+        if bad is not None:
+            raise OSError(errno.EIO, f"not rewritten: {paths.data} seq {seq}: {bad}")
+        parts.append(data[o : o + ln])
+    new = np.zeros(len(e), IDX_ENTRY_DTYPE)
+    new["offset"] = new_offs
+    new["len"] = new_lens
+    new["ts"] = ts
+    new["flags"] = flags
+    holes = int(np.count_nonzero(flags == DELETED))
+    return Rewrite(b"".join(parts), new.tobytes(), new_offs, new_lens, holes)
+
+
+def install_rewrite(fs: Fs, paths: SegmentPaths, rw: Rewrite, before_rename: Any = None) -> None:
+    """Put a :class:`Rewrite` in place of the segment at `paths`, crash-safely.
+
+    `.data.rw` (synced), directory sync, `.idx.rw` (synced), directory sync,
+    then `before_rename()` (the engine's reader pins the old file), rename
+    `.data.rw` over `.data`, directory sync, rename `.idx.rw` over `.idx`,
+    directory sync. :func:`finish_rewrites` completes or undoes a rewrite a crash
+    cut short. Raises OSError.
+    """
+    d = posixpath.dirname(paths.data)
+    write_file(fs, paths.data + REWRITE_SUFFIX, rw.data)
+    fs.fsync_dir(d)
+    write_file(fs, paths.idx + REWRITE_SUFFIX, rw.idx)
+    fs.fsync_dir(d)
+    if before_rename is not None:
+        before_rename()
+    fs.replace(paths.data + REWRITE_SUFFIX, paths.data)
+    fs.fsync_dir(d)
+    fs.replace(paths.idx + REWRITE_SUFFIX, paths.idx)
+    fs.fsync_dir(d)
 
 
 def sealed_tiling_problem(idx: bytes, data_size: int) -> str | None:
