@@ -70,6 +70,7 @@ from topics.storage.objstore import cold_root, fs_for, is_object_url
 from topics.storage.recovery import segment_damage
 from topics.storage.segment import IDX_ENTRY_SIZE, SegmentPaths, scan_segments, topic_dir
 from topics.storage.snapshot import list_snapshots
+from topics.storage.topicstore import idx_to_check
 from topics.storage.wal import ShardScan, scan_shard
 
 __all__ = [
@@ -103,6 +104,7 @@ SEVERITY: dict[str, str] = {
     # segments
     "segment_torn_tail": INFO,  # damaged suffix of a topic's newest segment
     "segment_stray": WARNING,  # `.data` without `.idx` or the reverse
+    "rewrite_pending": INFO,  # a reclaim rewrite cut short; the next start finishes it
     "segment_damage": CORRUPT,  # a segment the newest snapshot relies on is missing a part,
     # short, or its `.idx` disagrees with its `.data`: the server refuses to start
     "segment_overlap": CORRUPT,  # seq ranges of two segments overlap
@@ -407,7 +409,12 @@ def _check_segment(
 ) -> tuple[int, int] | None:
     """Check one segment; returns `(first_seq, entries)` or None when unreadable."""
     try:
-        raw_idx = read_file(fs, paths.idx)
+        # A rewrite cut short after its `.data` went in pairs it with its
+        # `.idx.rw` until the next start finishes it (docs/FORMATS.md, "Reclaim").
+        idx_path = idx_to_check(fs, paths)
+        if idx_path != paths.idx:
+            report.add("rewrite_pending", idx_path, "a reclaim rewrite the next start finishes")
+        raw_idx = read_file(fs, idx_path)
         data = read_file(fs, paths.data)
     except OSError as e:
         report.add("unreadable", paths.data, str(e))
