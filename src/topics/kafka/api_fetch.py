@@ -12,10 +12,12 @@ OFFSET_OUT_OF_RANGE. Both APIs need the `read` scope on the topic.
 from __future__ import annotations
 
 import asyncio
+import logging
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from topics.config import SCOPE_READ
+from topics.engine.frames import FrameCorrupt
 from topics.kafka import errors as E
 from topics.kafka import protocol as P
 from topics.kafka.records import append_time_batches, to_kafka
@@ -29,6 +31,9 @@ __all__ = ["fetch", "refuse_fetch", "list_offsets", "refuse_list_offsets"]
 
 #: The longest a Fetch long-polls, whatever its `max_wait_ms` (seconds).
 FETCH_MAX_WAIT_S = 30.0
+
+
+log = logging.getLogger("topics.kafka")
 
 
 def _readable(
@@ -91,9 +96,16 @@ async def _fetch_pass(
             if t is not None and t.head_seq - fp.fetch_offset > HISTORY_RECORDS:
                 await history_gate.turn()
             room = min(fp.partition_max_bytes, budget - total)
-            err, hw, lso, records = await read_pool.run(
-                partial(_read_partition, broker, conn, name, fp, room, total == 0)
-            )
+            try:
+                err, hw, lso, records = await read_pool.run(
+                    partial(_read_partition, broker, conn, name, fp, room, total == 0)
+                )
+            except (OSError, FrameCorrupt) as exc:
+                # Stored bytes that cannot be read (a damaged frame, a cold tier that
+                # is unreachable): this partition says so, the others are served
+                # (docs/KAFKA.md, "Errors").
+                log.warning("kafka: fetch of %s[%d] failed: %s", name, fp.partition, exc)
+                err, hw, lso, records = E.KAFKA_STORAGE_ERROR, -1, -1, b""
             total += len(records)
             if err != E.NONE:
                 errors = True

@@ -107,7 +107,7 @@ def is_object_url(value: str) -> bool:
 # -- errors ---------------------------------------------------------------------
 
 
-class ColdStoreError(Exception):
+class ColdStoreError(OSError):
     """The object store failed a request (docs/FORMATS.md, "Object-store cold tier").
 
     Attributes:
@@ -118,9 +118,12 @@ class ColdStoreError(Exception):
     """
 
     def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"{status}: {message}")
+        super().__init__(errno.EIO, f"{status}: {message}")
         self.status = status
         self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.status}: {self.message}"
 
     @property
     def retryable(self) -> bool:
