@@ -283,3 +283,35 @@ def test_a_crash_at_every_step_of_a_rewrite(mode: str) -> None:
     assert total > 8
     for k in range(1, total + 1):
         run(FakeDisk(), k)
+
+
+def test_reclaim_leaves_segments_that_move_to_cold_alone() -> None:
+    """A partly deleted segment beyond hot retention is relocated as it is; one kept
+    hot is rewritten; both read back the same, before and after a restart."""
+    disk = FakeDisk()
+    gone = (0, 1, 2, 3, 4, 5, 20, 21, 22, 23, 24, 25)
+    want = [f"a.{i}" for i in range(30) if i not in gone]
+    with Durable(disk, segment_max_events=10, cold_dir=COLD, hot_retain_segments=1) as h:
+        h.open()
+        assert h.put_topic("a", {"durability": "fsync"})
+        recs = make_records("a", 30, size=1000)
+        for i in gone:
+            recs[i]["tag"] = "gone"
+        assert h.write("a", recs).ok
+        assert h.settle()
+        h.checkpoint()  # segments 1, 11, 21 sealed; 1 and 11 copied and committed cold
+        tid = h.eng().require("a").topic_id
+        cold_first = posixpath.join(topic_dir(COLD, tid), f"seg-{1:016d}.data")
+        hot_last = posixpath.join(topic_dir(DATA_DIR, tid), f"seg-{21:016d}.data")
+        sizes = (_size(disk, cold_first), _size(disk, hot_last))
+        _, ok = h.delete_records("a", {"match": ["tag", "Eq", "gone"]})
+        assert ok and h.settle()
+        for _ in range(3):
+            h.checkpoint()
+        assert _tiers(h, tid) == {1: "cold", 11: "cold", 21: "hot"}
+        assert _size(disk, cold_first) == sizes[0]  # cold segments are not rewritten
+        assert _size(disk, hot_last) < sizes[1] - 6 * 1000
+        assert _values(h, "a") == want
+        h.crash_and_recover()
+        assert _values(h, "a") == want
+        h.close()

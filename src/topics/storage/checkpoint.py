@@ -79,6 +79,7 @@ from topics.storage.topicstore import (
     replace_idx,
     retire_topic_dir,
     retired_dirs,
+    same_frames,
     sealed_tiling_problem,
     unlink_dir,
 )
@@ -946,8 +947,17 @@ class Checkpointer:
         segment does not change (docs/FORMATS.md, "Reclaim").
         """
         store = p.store
+        # Segments about to move to the cold tier are not rewritten: their copy is
+        # made (or being made) from the bytes as they are.
+        moving = (
+            {g.first_seq for g in self._relocation_candidates(store)}
+            if self.relocator is not None and store.tier.cold is not None
+            else set()
+        )
         for seg in store.segs:
             if not seg.sealed or seg.tier is not Tier.HOT or seg.deleted >= seg.count:
+                continue
+            if seg.first_seq in moving:
                 continue
             dead = seg.deleted - seg.holes
             if dead <= 0 or dead < RECLAIM_DEAD_RATIO * seg.count:
@@ -1007,7 +1017,13 @@ class Checkpointer:
                     continue
             idx = read_file(hot.fs, hot.path(seg.first_seq, SegmentPart.IDX))
             if idx != copied:
-                replace_idx(cold, seg.first_seq, idx)
+                if not same_frames(idx, copied):
+                    # The hot segment changed under the copy (it was rewritten):
+                    # that copy is stale; it goes, and a new one is made.
+                    cold.delete(seg.first_seq)
+                    relocator.submit(store, seg.first_seq)
+                    continue
+                replace_idx(cold, seg.first_seq, idx)  # delete flags set since the copy
             seg.tier = Tier.COLD
             r.relocated.append(seg)
             report.relocated += 1

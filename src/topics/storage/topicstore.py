@@ -94,6 +94,7 @@ __all__ = [
     "flip_deleted_in",
     "replace_idx",
     "sealed_tiling_problem",
+    "same_frames",
     "RECLAIM_DEAD_RATIO",
     "REWRITE_SUFFIX",
     "Rewrite",
@@ -1067,6 +1068,15 @@ def sealed_tiling_problem(idx: bytes, data_size: int) -> str | None:
     if len(idx) % IDX_ENTRY_SIZE:
         return f"has a {len(idx)}-byte .idx (not whole 20-byte entries)"
     return _tiling_problem(_idx_entries(idx), data_size, exact=True)
+
+
+def same_frames(a: bytes, b: bytes) -> bool:
+    """Whether two `.idx` images index the same frames (entries, offsets, lengths,
+    timestamps), whatever their delete flags."""
+    if len(a) != len(b) or len(a) % IDX_ENTRY_SIZE:
+        return False
+    ea, eb = _idx_entries(a), _idx_entries(b)
+    return all(bool(np.array_equal(ea[k], eb[k])) for k in ("offset", "len", "ts"))
 
 
 def replace_idx(store: SegmentStore, first_seq: int, idx: bytes) -> None:
