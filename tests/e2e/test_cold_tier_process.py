@@ -198,3 +198,44 @@ def _all_or_error(base: str) -> int:
         frm = body["next_from_seq"]
         if body["caught_up"]:
             return 200
+
+
+def test_deleting_a_topic_deletes_its_objects(tmp_path: Path, s3: str) -> None:
+    """Objects cannot be renamed: once a snapshot no longer lists the deleted topic,
+    the reaper deletes its objects; the other topic's stay."""
+    import obstore
+    from obstore.store import S3Store
+
+    env = {
+        **s3_env(s3),
+        **ENV,
+        "TOPICS_COLD_DIR": f"s3://{BUCKET}/deletes",
+        "TOPICS_COLD_RETRIES": "0",
+    }
+    srv = ServerProcess(tmp_path, env)
+    client = S3Store(BUCKET, config={"endpoint": s3}, client_options={"allow_http": True})
+
+    def keys() -> set[str]:
+        return {m["path"] for chunk in obstore.list(client, "deletes/topics/") for m in chunk}
+
+    try:
+        _fill(srv.base)  # topic `hist`
+        recs = [{"data": {"j": i}} for i in range(500)]
+        st, body = _call(srv.base, "POST", "/v0/topics/other?return_seqs=false", {"records": recs})
+        assert st in (200, 201), body
+        _wait_relocated(srv.base, 8 + 3)
+        before = keys()
+        dirs = {k.split("/")[2] for k in before}
+        assert len(dirs) == 2
+        st, body = _call(srv.base, "DELETE", "/v0/topics/hist")
+        assert st == 200, body
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and len({k.split("/")[2] for k in keys()}) != 1:
+            time.sleep(0.1)
+        left = keys()
+        assert len({k.split("/")[2] for k in left}) == 1, sorted(left)[:4]
+        assert left == {k for k in before if k.split("/")[2] in {k2.split("/")[2] for k2 in left}}
+        st, body = _call(srv.base, "POST", "/v0/topics/other/diff", {"from_seq": 0, "limit": 5})
+        assert st == 200 and [r["data"]["j"] for r in body["records"]] == list(range(5))
+    finally:
+        srv.stop()
