@@ -265,3 +265,52 @@ def test_a_tag_index_rebuild_reads_warmed_spans(store: RealStore) -> None:
     assert pool.fetched_bytes >= sum(hi - lo for _s, lo, hi in spans)
     assert t.tags.eq("t3", N + 1) == [s for s in tagged if (s - 1) % 7 == 3]
     assert t.tag_spans() == []  # rebuilt: nothing to warm any more
+
+
+def test_cold_segment_spans_use_their_own_threads(tmp_path: Path) -> None:
+    """A fetch of a cold-tier source runs on the cold threads: while a slow cold
+    store holds every one of them, a hot fetch still completes and the pool's
+    `busy` (the governor's signal) counts only hot fetches."""
+
+    class Slow:
+        hdr = 37
+        verify = True
+        blocking = True
+        name = "slow-cold"
+        cold = True
+
+        def __init__(self) -> None:
+            self.release = threading.Event()
+
+        def span(self, lo: int, hi: int) -> Any:
+            raise AssertionError("not on the loop")
+
+        def fetch(self, lo: int, hi: int) -> bytes:
+            assert threading.current_thread().name.startswith("topics-read-cold")
+            self.release.wait(10)
+            return b"c" * (hi - lo)
+
+    class Hot(Slow):
+        name = "hot"
+        cold = False
+
+        def fetch(self, lo: int, hi: int) -> bytes:
+            assert threading.current_thread().name.startswith("topics-read_")
+            return b"h" * (hi - lo)
+
+    async def main() -> None:
+        pool = ReadPool(threads=1, cold_threads=2)
+        slow = Slow()
+        try:
+            stuck = [asyncio.ensure_future(pool._fetch(slow, 0, 10)) for _ in range(2)]
+            await asyncio.sleep(0.05)
+            assert pool.cold_busy == 2 and pool.busy == 0
+            assert await asyncio.wait_for(pool._fetch(Hot(), 0, 4), 2) == b"hhhh"
+            slow.release.set()
+            assert [await f for f in stuck] == [b"c" * 10] * 2
+            assert pool.cold_fetches == 2 and pool.fetches == 3
+        finally:
+            slow.release.set()
+            pool.close()
+
+    asyncio.run(main())

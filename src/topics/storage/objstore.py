@@ -630,6 +630,9 @@ class ObjectFile:
 
     __slots__ = ("_fs", "_key", "_seg", "_size")
 
+    #: Reads cross a network: a reader asks for a whole span at once.
+    remote = True
+
     def __init__(self, fs: ObjectFs, key: str) -> None:
         self._fs = fs
         self._key = key

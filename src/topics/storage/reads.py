@@ -41,6 +41,9 @@ T = TypeVar("T")
 
 #: Threads reading segment files for reads off the loop (at most this many preads at once).
 READ_THREADS = 4
+#: Threads reading segments of the cold tier (a slow store keeps these waiting,
+#: never the ones that read hot segments; docs/ARCHITECTURE.md, "The read path").
+COLD_READ_THREADS = 8
 #: Least bytes one fetch reads: a whole diff page at the largest budget (1 MiB) in one
 #: trip to the pool, so the slices after the first find their bytes at hand.
 READ_AHEAD_BYTES = 1024 * 1024 + 64 * 1024
@@ -73,18 +76,28 @@ def read_in_memory(read: Callable[[], T]) -> T | None:
 class ReadPool:
     """A bounded pool of threads that fetch segment spans for reads on the loop.
 
+    Spans of cold-tier segments (a source whose `cold` is true) are fetched by
+    a second set of `cold_threads` threads: a cold store that answers slowly
+    keeps those waiting, while hot segments are still read at disk speed, and
+    their waits are not work the governor should make room for.
+
     Thread-safe to create; :meth:`run` must be called from the event loop.
-    Counters: `fetches` (spans read), `fetched_bytes`; `busy` is the number of
-    fetches in flight (the delivery governor's pool signal, docs/SCHEDULER.md).
+    Counters: `fetches` (spans read), `fetched_bytes`, `cold_fetches`; `busy` is
+    the number of hot fetches in flight (the delivery governor's pool signal,
+    docs/SCHEDULER.md), `cold_busy` the same for cold ones.
     """
 
-    def __init__(self, threads: int = READ_THREADS) -> None:
+    def __init__(self, threads: int = READ_THREADS, cold_threads: int = COLD_READ_THREADS) -> None:
         self.threads = max(1, threads)
+        self.cold_threads = max(1, cold_threads)
         self._pool: ThreadPoolExecutor | None = None
+        self._cold_pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self.fetches = 0
         self.fetched_bytes = 0
+        self.cold_fetches = 0
         self.busy = 0
+        self.cold_busy = 0
 
     def busy_share(self) -> float:
         """Fetches in flight per thread (0..1)."""
@@ -92,11 +105,19 @@ class ReadPool:
 
     async def _fetch(self, src: FrameSource, lo: int, hi: int) -> bytes:
         loop = asyncio.get_running_loop()
-        self.busy += 1
-        try:
-            buf = await loop.run_in_executor(self._executor(), src.fetch, lo, hi)
-        finally:
-            self.busy -= 1
+        if getattr(src, "cold", False):
+            self.cold_busy += 1
+            try:
+                buf = await loop.run_in_executor(self._cold_executor(), src.fetch, lo, hi)
+            finally:
+                self.cold_busy -= 1
+            self.cold_fetches += 1
+        else:
+            self.busy += 1
+            try:
+                buf = await loop.run_in_executor(self._executor(), src.fetch, lo, hi)
+            finally:
+                self.busy -= 1
         self.fetches += 1
         self.fetched_bytes += len(buf)
         return buf
@@ -109,6 +130,17 @@ class ReadPool:
                 if pool is None:
                     pool = self._pool = ThreadPoolExecutor(
                         self.threads, thread_name_prefix="topics-read"
+                    )
+        return pool
+
+    def _cold_executor(self) -> ThreadPoolExecutor:
+        pool = self._cold_pool
+        if pool is None:
+            with self._lock:
+                pool = self._cold_pool
+                if pool is None:
+                    pool = self._cold_pool = ThreadPoolExecutor(
+                        self.cold_threads, thread_name_prefix="topics-read-cold"
                     )
         return pool
 
@@ -163,9 +195,11 @@ class ReadPool:
     def close(self) -> None:
         """Stop the threads (waits for running fetches); a later run starts new ones."""
         with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
+            pools = (self._pool, self._cold_pool)
+            self._pool = self._cold_pool = None
+        for pool in pools:
+            if pool is not None:
+                pool.shutdown(wait=True)
 
 
 #: The pool every read of this process uses.

@@ -114,8 +114,11 @@ class Storage:
             except BaseException:
                 await asyncio.to_thread(journal.close)
                 raise
-        elif report.records:
-            ck.force_next()  # move the replayed records into segments soon
+        elif report.records or config.cold_dir:
+            # Move the replayed records into segments soon; with a cold tier, the
+            # first cycle also queues the segments beyond hot retention, even on
+            # a data dir that nothing writes to.
+            ck.force_next()
         return st
 
     def start(self) -> None:

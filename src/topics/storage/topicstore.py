@@ -304,6 +304,10 @@ class SegmentSource:
                 return pinned.pread(hi - lo, lo)
         f = self.fs.open(self.name)
         try:
+            if getattr(f, "remote", False):
+                # An object store: the whole span in one ranged GET (pieces would
+                # each pay a round trip; there is no local disk to share).
+                return f.pread(hi - lo, lo)
             f.no_readahead()
             parts = []
             for at in range(lo, hi, READ_PIECE_BYTES):
