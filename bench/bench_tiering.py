@@ -138,11 +138,12 @@ class Moto(Spawned):
     Objects up to 256 MiB stay in its memory (MOTO_S3_DEFAULT_KEY_BUFFER_SIZE), never in
     temp files. Stopped by its PID."""
 
-    def __init__(self, work: Path, bucket: str) -> None:
+    def __init__(self, work: Path, bucket: str, nice: int = 0) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, **AWS_ENV, "MOTO_S3_DEFAULT_KEY_BUFFER_SIZE": str(256 << 20)}
-        argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)]
+        argv = [*_niced(nice), sys.executable, "-m", "moto.server"]
+        argv += ["-H", "127.0.0.1", "-p", str(self.port)]
         super().__init__(argv, work / "moto.log", cwd=work, env=env)
         deadline = time.monotonic() + 60
         while True:
@@ -308,12 +309,17 @@ def _scanner_role(url: str, head: int, scanners: int, limit: int) -> None:
     uvloop.run(inv._scanner_main(host, int(port), HISTORY, head, scanners, limit, [], 3600.0))
 
 
+def _niced(nice: int) -> list[str]:
+    """An argv prefix running a process at niceness `nice` (`nice` execs: same PID)."""
+    return ["nice", "-n", str(nice)] if nice else []
+
+
 class Child(inv.Child):
     """A child process running *this* script (bench_invariant's Child runs its own)."""
 
-    def __init__(self, args: list[str]) -> None:
+    def __init__(self, args: list[str], nice: int = 0) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), *args],
+            [*_niced(nice), sys.executable, str(Path(__file__).resolve()), *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )
@@ -692,12 +698,13 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     shutil.copytree(base, s3_dir)
     report["copy_data_dirs_s"] = round(time.perf_counter() - t, 2)
 
-    moto = Moto(work, BUCKET)
+    moto = Moto(work, BUCKET, args.store_nice)
     proxy: Child | None = None
     try:
         proxy = Child(
             ["--_role", "proxy", "--_url", moto.url]
-            + ["--cold-latency-ms", str(args.cold_latency_ms)]
+            + ["--cold-latency-ms", str(args.cold_latency_ms)],
+            args.store_nice,
         )
         proxy_url = f"http://127.0.0.1:{int(proxy.readline())}"
         log(f"moto {moto.url}; latency proxy {proxy_url} (+{args.cold_latency_ms:g} ms a request)")
@@ -961,6 +968,14 @@ def main() -> int:
     )
     ap.add_argument(
         "--json", type=Path, default=HERE / "results" / "tiering.json", help="output JSON path"
+    )
+    ap.add_argument(
+        "--store-nice",
+        type=int,
+        default=19,
+        help="niceness of moto and the latency proxy (default 19): they stand in for a remote"
+        " store, so on a small machine their CPU yields to the server and clients (0 = same"
+        " priority)",
     )
     ap.add_argument("--_role", choices=["scanner", "proxy"], help=argparse.SUPPRESS)
     ap.add_argument("--_url", help=argparse.SUPPRESS)
