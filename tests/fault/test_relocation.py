@@ -9,6 +9,7 @@ finishes the move."""
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Callable
 
 import pytest
 
@@ -159,16 +160,46 @@ def test_a_crash_at_every_step_of_a_relocation(mode: str) -> None:
     one stays deleted, and two more cycles leave each segment in exactly one tier."""
     want = [f"a.{i}" for i in range(42) if i != 2]
 
+    def settled(h: Durable, tid: int, k: int) -> None:
+        hot = set(_segs(h.disk, topic_dir(DATA_DIR, tid)))
+        cold = set(_segs(h.disk, topic_dir(COLD, tid)))
+        assert not hot & cold, f"crash point {k}: in both tiers {hot & cold}"
+        assert {f for f, t in _tiers(h, tid).items() if t == "cold"} == cold
+
+    total = crash_sweep(
+        mode,
+        lambda disk: Durable(disk, segment_max_events=5, cold_dir=COLD, hot_retain_segments=2),
+        _sweep_setup,
+        2,
+        want,
+        settled,
+    )
+    assert total > 60  # copies of 6 segments, two snapshots, 6 hot deletes
+
+
+def crash_sweep(
+    mode: str,
+    make: Callable[[FakeDisk], Durable],
+    setup: Callable[[Durable], int],
+    cycles: int,
+    want: list[str],
+    settled: Callable[[Durable, int, int], None],
+) -> int:
+    """Crash after each file operation of `cycles` checkpoint cycles that follow
+    `setup` (which returns the topic id); after each crash: recover, read `want`
+    back, run two cycles, read it again, call `settled(h, topic id, crash point)`,
+    and recover once more. Returns how many operations the cycles made."""
+
     def run(disk: FakeDisk, crash_at: int | None) -> int:
-        with Durable(disk, segment_max_events=5, cold_dir=COLD, hot_retain_segments=2) as h:
+        with make(disk) as h:
             h.open()
-            tid = _sweep_setup(h)
+            tid = setup(h)
             start = len(disk.trace)
             if crash_at is not None:
                 disk.crash_after(crash_at, mode, seed=crash_at)  # type: ignore[arg-type]
             try:
-                h.checkpoint()
-                h.checkpoint()
+                for _ in range(cycles):
+                    h.checkpoint()
             except Exception:
                 pass  # the disk died under the cycle
             total = len(disk.trace) - start
@@ -180,20 +211,16 @@ def test_a_crash_at_every_step_of_a_relocation(mode: str) -> None:
             h.checkpoint()
             h.checkpoint()
             assert _values(h, "a") == want, f"crash point {crash_at}"
-            hot = set(_segs(disk, topic_dir(DATA_DIR, tid)))
-            cold = set(_segs(disk, topic_dir(COLD, tid)))
-            assert not hot & cold, f"crash point {crash_at}: in both tiers {hot & cold}"
-            tiers = _tiers(h, tid)
-            assert {f for f, t in tiers.items() if t == "cold"} == cold
+            settled(h, tid, crash_at)
             h.crash_and_recover()
             assert _values(h, "a") == want, f"crash point {crash_at} (second restart)"
             h.shutdown()
             return total
 
     total = run(FakeDisk(), None)
-    assert total > 60  # copies of 6 segments, two snapshots, 6 hot deletes
     for k in range(1, total + 1):
         run(FakeDisk(), k)
+    return total
 
 
 # -- reclaim ------------------------------------------------------------------
@@ -251,38 +278,19 @@ def test_a_mostly_deleted_segment_is_rewritten_without_the_deleted_bytes() -> No
 def test_a_crash_at_every_step_of_a_rewrite(mode: str) -> None:
     want = [f"a.{i}" for i in range(30) if i not in (0, 1, 2, 3, 4, 5, 10, 11)]
 
-    def run(disk: FakeDisk, crash_at: int | None) -> int:
-        with Durable(disk, segment_max_events=10) as h:
-            h.open()
-            tid = _reclaim_setup(h)
-            h.checkpoint()
-            start = len(disk.trace)
-            if crash_at is not None:
-                disk.crash_after(crash_at, mode, seed=crash_at)  # type: ignore[arg-type]
-            try:
-                h.checkpoint()
-            except Exception:
-                pass
-            total = len(disk.trace) - start
-            if crash_at is None:
-                h.shutdown()
-                return total
-            h.crash_and_recover()
-            assert _values(h, "a") == want, f"crash point {crash_at}"
-            h.checkpoint()
-            h.checkpoint()
-            assert _values(h, "a") == want, f"crash point {crash_at}"
-            d = topic_dir(DATA_DIR, tid)
-            assert not [n for n in disk.listdir(d) if n.endswith(".rw")], f"crash {crash_at}"
-            h.crash_and_recover()
-            assert _values(h, "a") == want, f"crash point {crash_at} (second restart)"
-            h.shutdown()
-            return total
+    def setup(h: Durable) -> int:
+        tid = _reclaim_setup(h)
+        h.checkpoint()  # the delete flags reach the .idx: the next cycle rewrites
+        return tid
 
-    total = run(FakeDisk(), None)
+    def settled(h: Durable, tid: int, k: int) -> None:
+        d = topic_dir(DATA_DIR, tid)
+        assert not [n for n in h.disk.listdir(d) if n.endswith(".rw")], f"crash point {k}"
+
+    total = crash_sweep(
+        mode, lambda disk: Durable(disk, segment_max_events=10), setup, 1, want, settled
+    )
     assert total > 8
-    for k in range(1, total + 1):
-        run(FakeDisk(), k)
 
 
 def test_reclaim_leaves_segments_that_move_to_cold_alone() -> None:

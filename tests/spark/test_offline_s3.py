@@ -24,8 +24,7 @@ import pytest
 
 from tests.spark.conftest import History
 from tests.spark.support import diff_rows, spark_rows
-from tests.support.s3 import AWS_TEST_ENV, moto_s3, s3_env
-from tests.unit.test_objstore import CountingProxy
+from tests.support.s3 import AWS_TEST_ENV, CountingProxy, moto_s3, s3_env
 from topics.spark.segments import (
     SegmentMissing,
     load_offline,

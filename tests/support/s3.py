@@ -8,8 +8,11 @@ as it runs, so both this process and servers or Spark jobs it starts reach it.
 from __future__ import annotations
 
 import os
+import re
+import socket
+import threading
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import pytest
@@ -52,6 +55,90 @@ def moto_s3(*buckets: str) -> Iterator[str]:
 def s3_env(endpoint: str) -> dict[str, str]:
     """The `AWS_*` variables a child process needs to reach `endpoint`."""
     return {**os.environ, "AWS_ENDPOINT_URL": endpoint, **AWS_TEST_ENV}
+
+
+def pump(
+    src: socket.socket, dst: socket.socket, seen: Callable[[bytes], None] | None = None
+) -> None:
+    """Copy bytes from `src` to `dst` until `src` ends (then half-close `dst`),
+    handing each chunk to `seen` first."""
+    try:
+        while chunk := src.recv(65536):
+            if seen is not None:
+                seen(chunk)
+            dst.sendall(chunk)
+    except OSError:
+        pass
+    finally:
+        try:
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+
+class CountingProxy:
+    """A TCP forwarder that counts the bytes each way and keeps what clients sent."""
+
+    def __init__(self, upstream: str) -> None:
+        host, port = upstream.removeprefix("http://").split(":")
+        self.upstream = (host, int(port))
+        self.lock = threading.Lock()
+        self.down = 0  # bytes from the server to the client
+        self.sent: list[bytearray] = []  # what the clients sent, per connection
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.conns: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.upstream)
+            self.conns += [client, server]
+            up = bytearray()
+            with self.lock:
+                self.sent.append(up)
+            threading.Thread(target=self._pump, args=(client, server, up), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, None), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, up: bytearray | None) -> None:
+        def seen(chunk: bytes) -> None:
+            with self.lock:
+                if up is not None:
+                    up.extend(chunk)
+                else:
+                    self.down += len(chunk)
+
+        pump(src, dst, seen)
+
+    def requests(self) -> list[str]:
+        """Request lines seen so far ("GET /bucket/key")."""
+        line = re.compile(rb"(?m)^(GET|HEAD|PUT|DELETE|POST) (\S+) HTTP/1\.1\r$")
+        with self.lock:
+            heads = [h for up in self.sent for h in line.findall(up)]
+        return [f"{m.decode()} {p.decode()}" for m, p in heads]
+
+    def sent_bytes(self) -> bytes:
+        with self.lock:
+            return b"".join(self.sent)
+
+    def reset(self) -> None:
+        with self.lock:
+            self.down = 0
+            for up in self.sent:
+                up.clear()
+
+    def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the accept() thread
+        except OSError:
+            pass
+        self.sock.close()
+        for c in self.conns:
+            c.close()
 
 
 class FaultProxy:
@@ -140,20 +227,8 @@ class FaultProxy:
             pass
 
     @staticmethod
-    def _pump(src: object, dst: object) -> None:
-        import socket
-
-        assert isinstance(src, socket.socket) and isinstance(dst, socket.socket)
-        try:
-            while chunk := src.recv(65536):
-                dst.sendall(chunk)
-        except OSError:
-            pass
-        finally:
-            try:
-                dst.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        pump(src, dst)
 
     def close(self) -> None:
         import socket

@@ -9,19 +9,18 @@ that answers 500 or 403, hangs, or is gone.
 from __future__ import annotations
 
 import os
-import re
 import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from tests.support.s3 import CountingProxy, moto_s3
 from tests.support.segreader import SegmentReader, sealed_parts
 
 from topics.storage.fs import RealFs
@@ -46,96 +45,8 @@ BUCKET = "cold-bucket"
 @pytest.fixture(scope="module")
 def endpoint() -> Iterator[str]:
     """A moto S3 server on an ephemeral port, with the bucket made and AWS_* set."""
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    url = f"http://{host}:{port}"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("AWS_ENDPOINT_URL", url)
-        mp.setenv("AWS_REGION", "us-east-1")
-        mp.setenv("AWS_ACCESS_KEY_ID", "testing")
-        mp.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-        req = urllib.request.Request(f"{url}/{BUCKET}", method="PUT")
-        with urllib.request.urlopen(req, timeout=5) as resp:
-            assert resp.status == 200
-        try:
-            yield url
-        finally:
-            server.stop()
-
-
-class CountingProxy:
-    """A TCP forwarder that counts the bytes each way and keeps what clients sent."""
-
-    def __init__(self, upstream: str) -> None:
-        host, port = upstream.removeprefix("http://").split(":")
-        self.upstream = (host, int(port))
-        self.lock = threading.Lock()
-        self.down = 0  # bytes from the server to the client
-        self.sent: list[bytearray] = []  # what the clients sent, per connection
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.conns: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.sock.accept()
-            except OSError:
-                return
-            server = socket.create_connection(self.upstream)
-            self.conns += [client, server]
-            up = bytearray()
-            with self.lock:
-                self.sent.append(up)
-            threading.Thread(target=self._pump, args=(client, server, up), daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client, None), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket, up: bytearray | None) -> None:
-        try:
-            while chunk := src.recv(65536):
-                with self.lock:
-                    if up is not None:
-                        up += chunk
-                    else:
-                        self.down += len(chunk)
-                dst.sendall(chunk)
-        except OSError:
-            pass
-        finally:
-            try:
-                dst.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
-
-    def requests(self) -> list[str]:
-        """Request lines seen so far ("GET /bucket/key")."""
-        line = re.compile(rb"(?m)^(GET|HEAD|PUT|DELETE|POST) (\S+) HTTP/1\.1\r$")
-        with self.lock:
-            heads = [h for up in self.sent for h in line.findall(up)]
-        return [f"{m.decode()} {p.decode()}" for m, p in heads]
-
-    def sent_bytes(self) -> bytes:
-        with self.lock:
-            return b"".join(self.sent)
-
-    def reset(self) -> None:
-        with self.lock:
-            self.down = 0
-            for up in self.sent:
-                up.clear()
-
-    def close(self) -> None:
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the accept() thread
-        except OSError:
-            pass
-        self.sock.close()
-        for c in self.conns:
-            c.close()
+    with moto_s3(BUCKET) as url:
+        yield url
 
 
 @pytest.fixture
