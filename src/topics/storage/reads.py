@@ -123,26 +123,19 @@ class ReadPool:
         return buf
 
     def _executor(self) -> ThreadPoolExecutor:
-        pool = self._pool
-        if pool is None:
-            with self._lock:
-                pool = self._pool
-                if pool is None:
-                    pool = self._pool = ThreadPoolExecutor(
-                        self.threads, thread_name_prefix="topics-read"
-                    )
-        return pool
+        return self._pool or self._start("_pool", self.threads, "topics-read")
 
     def _cold_executor(self) -> ThreadPoolExecutor:
-        pool = self._cold_pool
-        if pool is None:
-            with self._lock:
-                pool = self._cold_pool
-                if pool is None:
-                    pool = self._cold_pool = ThreadPoolExecutor(
-                        self.cold_threads, thread_name_prefix="topics-read-cold"
-                    )
-        return pool
+        return self._cold_pool or self._start("_cold_pool", self.cold_threads, "topics-read-cold")
+
+    def _start(self, attr: str, threads: int, prefix: str) -> ThreadPoolExecutor:
+        """The pool in attribute `attr`, started now unless another thread just did."""
+        with self._lock:
+            pool: ThreadPoolExecutor | None = getattr(self, attr)
+            if pool is None:
+                pool = ThreadPoolExecutor(threads, thread_name_prefix=prefix)
+                setattr(self, attr, pool)
+            return pool
 
     async def run(self, read: Callable[[], T], ahead: ReadAhead | None = None) -> T:
         """`read()` on the loop, its segment bytes fetched on the pool first.
