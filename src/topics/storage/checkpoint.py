@@ -282,6 +282,7 @@ class Relocator:
         self._queued: set[tuple[int, int]] = set()
         self._done: dict[tuple[int, int], bytes] = {}  # (topic id, first seq) -> `.idx` copied
         self._stopped = False
+        self._failing = False  # from a failed copy to the next good one
 
     @property
     def queued(self) -> int:
@@ -348,7 +349,20 @@ class Relocator:
         except Exception as exc:  # OSError, ColdStoreError: the segment stays hot, retried
             with self._lock:
                 self.failed += 1
-            log.warning("relocating segment %d of topic %016x failed: %s", first, key[0], exc)
+                first_of_stretch, self._failing = not self._failing, True
+            # One warning per stretch of failures (a store that is down fails every
+            # copy, every cycle, until it is back); the rest at debug level.
+            (log.warning if first_of_stretch else log.debug)(
+                "relocating segment %d of topic %016x failed (the segment stays hot and "
+                "is tried again): %s",
+                first,
+                key[0],
+                exc,
+            )
+        else:
+            if self._failing:
+                self._failing = False
+                log.warning("relocation to the cold tier works again")
         finally:
             with self._lock:
                 self._queued.discard(key)

@@ -225,7 +225,18 @@ class SegmentSource:
     cannot be opened or read.
     """
 
-    __slots__ = ("fs", "name", "sealed", "cold", "_map", "_file", "_pinned", "__weakref__")
+    __slots__ = (
+        "fs",
+        "name",
+        "sealed",
+        "cold",
+        "_map",
+        "_file",
+        "_pinned",
+        "_pin_users",
+        "_pin_closing",
+        "__weakref__",
+    )
 
     hdr = SEG_HDR
     verify = True
@@ -242,6 +253,8 @@ class SegmentSource:
         # A handle on the file as it was when :meth:`pin` ran, outside the pool:
         # every read goes to it until :meth:`close` (a rewrite replaced the file).
         self._pinned: File | None = None
+        self._pin_users = 0  # fetches reading the pinned handle right now
+        self._pin_closing = False  # closed while in use: the last user closes it
 
     def pin(self) -> None:
         """Keep reading the file as it is now, even once another file takes its name.
@@ -254,6 +267,9 @@ class SegmentSource:
         f = self.fs.open(self.name)
         with open_files.lock:
             old, self._pinned = self._pinned, f
+            if self._pin_users:
+                old = None  # a fetch still reads it; left to the garbage collector
+            self._pin_closing = False
         if old is not None:
             old.close()
 
@@ -301,7 +317,18 @@ class SegmentSource:
         with open_files.lock:
             pinned = self._pinned
             if pinned is not None:
+                self._pin_users += 1
+        if pinned is not None:
+            # Read without the pool's lock (a slow read stalls nobody); a close
+            # meanwhile leaves the handle to the last reader.
+            try:
                 return pinned.pread(hi - lo, lo)
+            finally:
+                with open_files.lock:
+                    self._pin_users -= 1
+                    last = self._pin_closing and not self._pin_users
+                if last:
+                    pinned.close()
         f = self.fs.open(self.name)
         try:
             if getattr(f, "remote", False):
@@ -362,6 +389,8 @@ class SegmentSource:
             open_files.discard(self)
             self._drop_handle()
             pinned, self._pinned = self._pinned, None
+            if pinned is not None and self._pin_users:
+                self._pin_closing, pinned = True, None  # the last fetch closes it
         if pinned is not None:
             pinned.close()
 
