@@ -138,6 +138,7 @@ class Match:
     watch_stream: bool = False
     sse_token: bool = False
     websocket: bool = False
+    public: bool = False  # no data behind it (the OpenAPI document, the console's files)
 
 
 R, W, D, A = SCOPE_READ, SCOPE_WRITE, SCOPE_DELETE, SCOPE_ADMIN
@@ -155,7 +156,7 @@ class TopicsApp:
     """
 
     def __init__(self, node: Node, *, owns_node: bool = False) -> None:
-        from topics.http import ops, queues, routers, topics, watch, ws
+        from topics.http import console, openapi, ops, queues, routers, topics, watch, ws
 
         self.node = node
         self.owns_node = owns_node
@@ -203,6 +204,8 @@ class TopicsApp:
             "health": {"GET": Route(ops.health, ())},
             "ready": {"GET": Route(ops.ready, ())},
             "metrics": {"GET": Route(ops.metrics, (R,))},
+            "openapi": {"GET": Route(openapi.openapi, ())},
+            "console": {"GET": Route(console.page, ())},
         }
 
     # ------------------------------------------------------------- routing
@@ -215,6 +218,15 @@ class TopicsApp:
             return self._pick("health", method, (), [], {}, probe=True)
         if path in ("/readyz", "/v0/ready"):
             return self._pick("ready", method, (), [], {}, probe=True)
+        if path == "/v0/openapi.json":
+            m = self._pick("openapi", method, (), [], {}, probe=True)
+            m.public = True
+            return m
+        if path == "/" or path == "/console" or path.startswith("/console/"):
+            file = path[len("/console/") :] if path.startswith("/console/") else ""
+            m = self._pick("console", method, (), [], {"file": file}, probe=True)
+            m.public = True
+            return m
         if len(parts) < 3 or parts[1] != "v0":
             return Match(None, (), [], {}, 404)
         seg = parts[2:]
@@ -489,7 +501,7 @@ class TopicsApp:
         auth = self.auth
         if not auth.enabled:
             return auth.authenticate(None)  # type: ignore[return-value]
-        if m.probe and not self.config.probe_auth:
+        if m.public or (m.probe and not self.config.probe_auth):
             return auth.authenticate(None) if not auth.enabled else _ANON
         if m.watch_stream:
             # Session binding is checked by the stream handler (docs/API.md, "12.2 ...").
