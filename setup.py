@@ -1,13 +1,39 @@
-"""Build hook for the compiled parts of the one codec (docs/ARCHITECTURE.md, "Compiled code").
+"""Build hooks: the compiled parts of the one codec (docs/ARCHITECTURE.md, "Compiled code"),
+and the start-up hook that points Spark's Python workers at this interpreter (docs/SPARK.md,
+"Which Python the workers run").
 
 Everything else about the distribution lives in pyproject.toml. The extension is
 optional: where no C compiler is at hand the build goes on without it, and
 `topics.format` falls back to its pure-Python implementation.
 """
 
+import os
+
 from setuptools import Extension, setup
+from setuptools.command.build_py import build_py
+
+#: A `.pth` file's `import` line runs when the interpreter starts. Spark starts its
+#: Python workers with PYSPARK_PYTHON (else `python3` from PATH, which may lack this
+#: package); unless the user chose one, this interpreter is the one that has it.
+SPARK_PTH = "topics-spark-python.pth"
+SPARK_PTH_LINE = 'import os, sys; os.environ.setdefault("PYSPARK_PYTHON", sys.executable)\n'
+
+
+class BuildWithSparkHook(build_py):
+    """build_py that also puts the `.pth` hook at the top of the built tree."""
+
+    def run(self) -> None:
+        super().run()
+        os.makedirs(self.build_lib, exist_ok=True)
+        with open(os.path.join(self.build_lib, SPARK_PTH), "w") as f:
+            f.write(SPARK_PTH_LINE)
+
+    def get_outputs(self, include_bytecode: bool = True) -> list[str]:
+        return [*super().get_outputs(include_bytecode), os.path.join(self.build_lib, SPARK_PTH)]
+
 
 setup(
+    cmdclass={"build_py": BuildWithSparkHook},
     ext_modules=[
         Extension(
             f"topics.format.{name}",
@@ -18,5 +44,5 @@ setup(
             optional=True,
         )
         for name in ("_render", "_codec")
-    ]
+    ],
 )

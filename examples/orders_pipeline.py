@@ -15,7 +15,7 @@ An order is a JSON object::
 back to the record's server timestamp. A window is written once the watermark
 (the newest event time seen minus `--watermark`) has passed its end.
 
-Run it locally (needs `pip install 'topics[spark]'` and Java 17)::
+Run it locally (needs the `spark` extra of `topics-server`, which the venv of `scripts/serve`/`scripts/test` has, and Java 17)::
 
     python examples/orders_pipeline.py --url http://127.0.0.1:4000 \\
         --parquet ./orders_by_window --checkpoint ./checkpoints/orders

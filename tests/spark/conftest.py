@@ -38,8 +38,9 @@ class History:
     `diff` holds each topic's records as the engine's diff returned them (after
     a restart, which must agree with the diff before it). Segments hold 50
     records. Between the two runs the sealed segments of "orders" except the two
-    newest are moved to the cold tier (the server has no relocator of its own;
-    operators archive sealed segments), one more is copied (present in both).
+    newest are moved to the cold tier by hand, one more is copied (present in
+    both), so each test knows which segment is where: the server's own relocator
+    is held back (TOPICS_HOT_RETAIN_SEGMENTS far above the segment count).
     """
 
     data_dir: Path
@@ -48,7 +49,11 @@ class History:
     timed_batches: list[int]  # ts (ms) of each 50-record batch of topic "timed"
 
 
-HISTORY_ENV = {"TOPICS_SEGMENT_MAX_EVENTS": "50", "TOPICS_WAL_SHARDS": "2"}
+HISTORY_ENV = {
+    "TOPICS_SEGMENT_MAX_EVENTS": "50",
+    "TOPICS_WAL_SHARDS": "2",
+    "TOPICS_HOT_RETAIN_SEGMENTS": "1000000",
+}
 
 
 def _archive_to_cold(data_dir: Path, cold_dir: Path, topic: str) -> None:

@@ -1,4 +1,4 @@
-"""Format "topics" is known to every new SparkSession without a register() call (issue 4 §1)."""
+"""Format "topics" is known to every new SparkSession without a register() call."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """PySpark source and sink for topics: `spark.read.format("topics")` (docs/SPARK.md).
 
-Install with `pip install topics[spark]` (pyspark >= 4, pyarrow, pandas < 3;
+Install with the `spark` extra of the `topics-server` distribution (pyspark >= 4, pyarrow, pandas < 3;
 Java 17 at run time). The format is registered automatically in every new
 SparkSession through the `pyspark_topics` module (Spark looks up importable
 `pyspark_*` modules exposing `DefaultSource`); :func:`register` does it by hand,

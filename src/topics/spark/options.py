@@ -29,6 +29,8 @@ import orjson
 
 __all__ = [
     "OptionError",
+    "MODES",
+    "check_known",
     "EARLIEST",
     "LATEST",
     "SeqSpec",
@@ -234,3 +236,98 @@ def parse_topics(options: Mapping[str, str]) -> TopicSelector:
 def get(options: Mapping[str, str], name: str) -> str | None:
     """The raw value of option `name` (case-insensitive), or None."""
     return _get(options, name)
+
+
+# -- which options apply where (docs/SPARK.md, "Options") -------------------------
+
+_READS = ("topics", "topic", "topicPattern", "startingSeq", "valueFormat")
+_SERVER = ("url", "token", "timeoutMs")
+#: The options each use of the source takes, by mode.
+MODES: dict[str, tuple[str, ...]] = {
+    "offline read": (
+        *_READS,
+        "path",
+        "coldDir",
+        "endingSeq",
+        "startingTimestamp",
+        "endingTimestamp",
+        "filterPushdown",
+        "batchRows",
+    ),
+    "server read": (
+        *_READS,
+        *_SERVER,
+        "endingSeq",
+        "maxSeqsPerPartition",
+        "failOnDataLoss",
+    ),
+    "stream": (
+        *_READS,
+        *_SERVER,
+        "maxRecordsPerTrigger",
+        "maxSeqsPerPartition",
+        "failOnDataLoss",
+    ),
+    "sink": (
+        *_SERVER,
+        "topic",
+        "idempotencyKey",
+        "maxRecordsPerRequest",
+        "maxBytesPerRequest",
+    ),
+}
+#: Options Spark itself reads and passes along to every source (never ours to refuse).
+_SPARK_OWN = ("checkpointLocation", "queryName")
+#: Spark's Kafka source names, and what this source calls the same thing. Refused with
+#: the right name rather than taken as aliases: positions here are seqs, and a Kafka
+#: offset is seq - 1, so an alias would be off by one.
+_KAFKA_NAMES = {
+    "startingOffsets": "startingSeq",
+    "endingOffsets": "endingSeq",
+    "maxOffsetsPerTrigger": "maxRecordsPerTrigger",
+    "minOffsetsPerTrigger": "maxRecordsPerTrigger",
+    "subscribe": "topics",
+    "subscribePattern": "topicPattern",
+    "assign": "topics",
+    "kafka.bootstrap.servers": "url",
+    "startingOffsetsByTimestamp": "startingTimestamp",
+    "endingOffsetsByTimestamp": "endingTimestamp",
+    "minPartitions": "maxSeqsPerPartition",
+}
+
+
+def check_known(options: Mapping[str, str], mode: str) -> None:
+    """Refuse an option that `mode` (a key of :data:`MODES`) does not take.
+
+    The message names the option and says what to use instead: the topics name
+    of a Kafka source option, the closest known name for a misspelling, or the
+    modes an option belongs to when it is one of ours used in the wrong place.
+    Raises OptionError.
+    """
+    allowed = {n.lower() for n in (*MODES[mode], *_SPARK_OWN)}
+    everything = {n.lower(): n for names in MODES.values() for n in names}
+    for key in options:
+        low = key.lower()
+        if low in allowed:
+            continue
+        kafka = {k.lower(): (k, v) for k, v in _KAFKA_NAMES.items()}.get(low)
+        if kafka is not None:
+            raise OptionError(
+                f"option {kafka[0]} is the Kafka source's; the topics source takes "
+                f"{kafka[1]} (positions are seqs: a Kafka offset is seq - 1; docs/SPARK.md)"
+            )
+        if low in everything:
+            where = [m for m, names in MODES.items() if everything[low] in names]
+            raise OptionError(
+                f"option {everything[low]} applies to {' and '.join(where)}, not to {mode}"
+            )
+        import difflib
+
+        close = difflib.get_close_matches(low, list(allowed), n=1, cutoff=0.75)
+        hint = ""
+        if close:
+            name = next(n for n in (*MODES[mode], *_SPARK_OWN) if n.lower() == close[0])
+            hint = f"; did you mean {name}?"
+        raise OptionError(
+            f"unknown option {key} for {mode}{hint} (the options are listed in docs/SPARK.md)"
+        )

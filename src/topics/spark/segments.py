@@ -100,6 +100,7 @@ __all__ = [
     "ReadOnlyFs",
     "OfflineTopic",
     "SegmentMissing",
+    "NotADataDir",
     "load_offline",
     "plan_slices",
     "read_slice",
@@ -347,6 +348,10 @@ def _missing(m: Mapping[str, Any], cat: CatalogTopic) -> tuple[tuple[int, int, i
     return tuple(sorted(set(out)))
 
 
+class NotADataDir(FileNotFoundError):
+    """A path given as a data directory holds no topics data (no `meta/`, no `wal/`)."""
+
+
 def load_offline(
     data_dir: str, cold_dir: str | None = None, *, attempts: int = 5, fs: Fs | None = None
 ) -> dict[str, OfflineTopic]:
@@ -360,7 +365,7 @@ def load_offline(
     through `fs` (default: the real filesystem), read-only; `cold_dir` is a
     directory or an `s3://bucket/prefix` url (an empty prefix is an empty cold
     tier). Raises FileNotFoundError when `data_dir` (or a `cold_dir` directory)
-    does not exist, OSError when it cannot be read,
+    does not exist (:class:`NotADataDir` when it is no data directory), OSError when it cannot be read,
     :class:`~topics.storage.objstore.ColdStoreError` when the object store
     fails (unreachable, a missing bucket, denied), ValueError for a malformed
     url, RuntimeError when the data dir keeps changing under the reader.
@@ -374,6 +379,12 @@ def load_offline(
         view.isdir(cold_dir)  # one LIST: a store that cannot be read fails here, not later
     elif cold_dir is not None and not view.isdir(cold_dir):
         raise FileNotFoundError(errno.ENOENT, "cold directory does not exist", cold_dir)
+    if not any(view.isdir(os.path.join(data_dir, d)) for d in ("meta", "wal")):
+        raise NotADataDir(
+            errno.ENOENT,
+            "not a topics data directory (it has neither meta/ nor wal/)",
+            data_dir,
+        )
     meta_dir = os.path.join(data_dir, "meta")
     last_err: Exception | None = None
     found_missing: dict[str, OfflineTopic] | None = None

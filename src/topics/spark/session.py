@@ -2,7 +2,7 @@
 
 On a cluster, build the session as usual (`spark-submit` sets the master); the
 settings below that matter there too are `spark.sql.python.filterPushdown.enabled`
-(seq/ts/topic pushdown) and a Python with `topics[spark]` installed on every
+(seq/ts/topic pushdown) and a Python with `topics-server[spark]` installed on every
 executor (`PYSPARK_PYTHON`).
 """
 

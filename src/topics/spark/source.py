@@ -3,7 +3,7 @@
 See docs/SPARK.md. Built on the Python Data Source API (`pyspark.sql.datasource`,
 pyspark >= 4.1 for filter pushdown, 4.2 for `latestOffset(start, limit)`).
 Register it with :func:`topics.spark.register` or rely on the automatic
-registration of the `pyspark_topics` module installed with `topics[spark]`.
+registration of the `pyspark_topics` module installed with the `spark` extra of `topics-server`.
 
 Reads (schema :data:`~topics.spark.segments.DDL_SCHEMA`):
 
@@ -120,10 +120,12 @@ class TopicsDataSource(DataSource):
         if path and url:
             raise OptionError("set only one of the options path (offline) and url (server)")
         if path:
+            opt.check_known(self.options, "offline read")
             if opt.parse_bool(self.options, "filterPushdown", False):
                 return _OfflinePushdownReader(self.options, self._value_format())
             return _OfflineReader(self.options, self._value_format())
         if url:
+            opt.check_known(self.options, "server read")
             return _ServerBatchReader(self.options, self._value_format())
         raise OptionError(
             "set the option path (a topics data directory, read offline) "
@@ -138,6 +140,7 @@ class TopicsDataSource(DataSource):
             )
         if not opt.get(self.options, "url"):
             raise OptionError("streaming reads need the option url (e.g. http://127.0.0.1:4000)")
+        opt.check_known(self.options, "stream")
         return _StreamReader(self.options, self._value_format())
 
     def writer(self, schema: StructType, overwrite: bool) -> _BatchWriter:
@@ -145,11 +148,13 @@ class TopicsDataSource(DataSource):
             raise OptionError(
                 "the topics sink only appends: use mode('append') (records are never replaced)"
             )
+        opt.check_known(self.options, "sink")
         return _BatchWriter(_SinkConfig.parse(self.options, schema))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> _StreamWriter:
         if overwrite:
             raise OptionError("the topics sink only appends: use outputMode('append' or 'update')")
+        opt.check_known(self.options, "sink")
         return _StreamWriter(_SinkConfig.parse(self.options, schema))
 
 
@@ -273,6 +278,16 @@ def _batch_range(options: Mapping[str, str]) -> tuple[SeqSpec, SeqSpec]:
         )
     if ending.default == EARLIEST or any(v == EARLIEST for _, v in ending.per_topic):
         raise OptionError("endingSeq=earliest is not accepted; use latest, a seq or a JSON object")
+    names = {n for n, _ in (*starting.per_topic, *ending.per_topic)}
+    for topic in (None, *sorted(names)):
+        s = starting.default if topic is None else starting.for_topic(topic)
+        e = ending.default if topic is None else ending.for_topic(topic)
+        if s >= 0 and e >= 0 and s > e:
+            where = "" if topic is None else f" for topic {topic}"
+            raise OptionError(
+                f"startingSeq={s} is past endingSeq={e}{where} (endingSeq is exclusive: "
+                "a range that reads nothing has startingSeq == endingSeq)"
+            )
     return starting, ending
 
 
@@ -337,6 +352,14 @@ class _OfflineReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         topics = load_offline(self.data_dir, self.cold_dir)
         names = select_topics(topics, self.selector.names, self.selector.pattern)
+        if self.selector.names is not None:
+            unknown = [n for n in self.selector.names if n not in topics]
+            if unknown:
+                raise OptionError(
+                    f"topic {unknown[0]} is not in the data directory {self.data_dir} "
+                    "(its newest snapshot does not name it: it does not exist, or was "
+                    "created after the last checkpoint)"
+                )
         if self.pushed.topics is not None:
             names = [n for n in names if n in self.pushed.topics]
         slices = plan_slices(
