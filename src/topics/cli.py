@@ -1,7 +1,8 @@
 """Command-line entry point: `topics serve` (and `python -m topics`).
 
-The offline tools `verify`, `dump` and `spark-export` are wired in from
-:mod:`topics.tools`.
+The offline tools `verify`, `dump`, `spark-export` and `repair` are wired in
+from :mod:`topics.tools`, the client commands (`produce`, `consume`, `watch`,
+`ls`, `routers`, `queue`, ...) from :mod:`topics.client.commands` (docs/CLI.md).
 
 `topics serve` reads every `TOPICS_*` variable (README.md "Configuration";
 flags override the matching variable), takes the data directory's lock, binds
@@ -267,19 +268,132 @@ def _port_arg(text: str) -> int:
         ) from None
 
 
+_DESCRIPTION = """\
+topics: a single-node event-log server with a JSON HTTP API, and its client.
+
+Run the server with `topics serve`; the other commands talk to a running server
+(produce, consume, watch, topics, routers, queues) or read a stopped server's data
+directory (verify, dump, repair, spark-export). `topics COMMAND --help` describes
+each one.
+"""
+
+_EPILOG = """\
+examples:
+  topics serve                                   # 127.0.0.1:4000, data in ./topics-data
+  printf 'hello\\nworld\\n' | topics produce greetings
+  topics consume greetings --format text
+  topics ls
+
+environment:
+  TOPICS_URL, TOPICS_TOKEN   the server and API key the client commands use
+                             (default http://127.0.0.1:4000, no key); --url, --token
+  TOPICS_*                   the server's settings: see `topics serve --help`
+
+Docs: docs/CLI.md (this command), docs/API.md (the HTTP API), README.md.
+"""
+
+_SERVE_DESCRIPTION = """\
+Run the server: take the data directory's lock, bind TOPICS_HOST:TOPICS_PORT
+(default 127.0.0.1:4000), replay the log (answering /v0/ready with 503 until
+done), then serve until SIGINT or SIGTERM and shut down gracefully (open streams
+get a closing frame). Every setting is an environment variable; the flags below
+override the matching one. A start that cannot proceed prints one line and exits
+2 (a bad setting) or 1 (data directory unusable or locked, port busy, failed
+recovery).
+"""
+
+#: (variable, default, meaning) for `topics serve --help`; README.md "Configuration"
+#: is the full table (src/topics/config.py reads them).
+SERVE_ENV: tuple[tuple[str, str, str], ...] = (
+    ("TOPICS_HOST", "127.0.0.1", "bind host; host:port also sets the port"),
+    ("TOPICS_PORT", "4000", "bind port (0: any free port)"),
+    ("TOPICS_PORT_FILE", "unset", "write the bound host:port to this file"),
+    ("TOPICS_DATA_DIR", "./topics-data", "data directory"),
+    ("TOPICS_API_KEYS", "unset", "keys secret[:scopes[:prefixes]],...; unset: no auth"),
+    ("TOPICS_PROBE_AUTH", "false", "require a key on /v0/health and /v0/ready"),
+    ("TOPICS_ALLOW_INSECURE_NO_AUTH", "false", "allow a non-loopback bind without keys"),
+    ("TOPICS_LOG", "info", "log level (RUST_LOG is read too)"),
+    ("TOPICS_SCHEDULER", "priority", "delivery order: priority or fifo"),
+    ("TOPICS_MAX_BODY_BYTES", "67108864", "request body / WebSocket message limit"),
+    ("TOPICS_HTTP_HEADER_TIMEOUT_MS", "10000", "time allowed for a request head"),
+    ("TOPICS_MAX_CONNECTIONS", "16384", "open connections (0: no cap)"),
+    ("TOPICS_MAX_CONNECTIONS_PER_IP", "4096", "open connections per client address"),
+    ("TOPICS_MAX_TOPICS", "100000", "topics"),
+    ("TOPICS_MAX_ROUTERS", "10000", "routers"),
+    ("TOPICS_MAX_WATCH_SESSIONS", "10000", "watch sessions"),
+    ("TOPICS_MAX_SSE_CONNECTIONS", "10000", "open SSE streams and WebSockets"),
+    ("TOPICS_MAX_SSE_CONNECTIONS_PER_KEY", "1000", "the same, per API key"),
+    ("TOPICS_MAX_INFLIGHT_PER_KEY", "1000", "requests in flight per API key"),
+    ("TOPICS_MAX_TOTAL_BYTES", "0", "live payload bytes of all topics (0: no cap)"),
+    ("TOPICS_MAX_BATCH_RECORDS", "10000", "records per write"),
+    ("TOPICS_MAX_RECORD_BYTES", "1048576", "data + meta of one record"),
+    ("TOPICS_MAX_META_BYTES", "16384", "meta of one record"),
+    ("TOPICS_MAX_TAG_BYTES", "256", "a record's tag"),
+    ("TOPICS_MAX_NODE_BYTES", "128", "a record's node"),
+    ("TOPICS_MAX_LIMIT", "1000", "records per read at most"),
+    ("TOPICS_MAX_WATCH_TOPICS", "256", "topics per watch session"),
+    ("TOPICS_MAX_CLAIM", "1000", "jobs per claim"),
+    ("TOPICS_WAL_SHARDS", "min(cpus, 8)", "write-ahead log shards"),
+    ("TOPICS_WAL_FILE_BYTES", "67108864", "size of each WAL file"),
+    ("TOPICS_SEGMENT_MAX_EVENTS", "10000", "seal a segment after this many records"),
+    ("TOPICS_SEGMENT_MAX_BYTES", "67108864", "... or this many bytes"),
+    ("TOPICS_SEGMENT_MAX_AGE_MS", "3600000", "... or this age"),
+    ("TOPICS_CHECKPOINT_INTERVAL_MS", "60000", "checkpoint at least this often (0: off)"),
+    ("TOPICS_CHECKPOINT_WAL_BYTES", "67108864", "checkpoint after this much log (0: off)"),
+    ("TOPICS_MAX_OPEN_SEGMENT_FILES", "256", "segment files held open for reads"),
+    ("TOPICS_COLD_DIR", "unset", "cold tier: a directory or s3://bucket/prefix"),
+    ("TOPICS_HOT_RETAIN_SEGMENTS", "4", "sealed segments each topic keeps hot"),
+    ("TOPICS_HOT_RETAIN_BYTES", "0", "... and bytes (0: no byte bound)"),
+    ("TOPICS_RELOCATE_BYTES_PER_S", "67108864", "pace of copies to the cold tier"),
+    ("TOPICS_COLD_TIMEOUT_MS", "10000", "object-store request timeout"),
+    ("TOPICS_COLD_CONNECT_TIMEOUT_MS", "3000", "object-store connect timeout"),
+    ("TOPICS_COLD_RETRIES", "3", "object-store retries"),
+    ("TOPICS_KAFKA_PORT", "9092", "Kafka listener port (0: off)"),
+    ("TOPICS_KAFKA_ADVERTISED", "bound", "host:port the Kafka listener advertises"),
+    ("TOPICS_KAFKA_FETCH_COMPRESSION", "none", "none, gzip, snappy, lz4 or zstd"),
+    ("TOPICS_KAFKA_MAX_FRAME_BYTES", "67108864", "largest Kafka request frame"),
+    ("TOPICS_KAFKA_IDLE_TIMEOUT_MS", "600000", "close idle Kafka connections (0: never)"),
+    ("TOPICS_KAFKA_FRAME_TIMEOUT_MS", "30000", "time allowed for one Kafka frame"),
+)
+
+
+def _serve_epilog() -> str:
+    width = max(len(name) for name, _d, _m in SERVE_ENV)
+    dwidth = max(len(d) for _n, d, _m in SERVE_ENV)
+    rows = [f"  {n.ljust(width)}  {d.ljust(dwidth)}  {m}" for n, d, m in SERVE_ENV]
+    return (
+        'environment (unset or empty: the default; README.md "Configuration" has them all):\n'
+        + "\n".join(rows)
+        + "\n\nexamples:\n"
+        "  topics serve\n"
+        "  TOPICS_DATA_DIR=/var/lib/topics TOPICS_PORT=8080 topics serve\n"
+        "  TOPICS_API_KEYS='s3cret,reader:r' topics serve --host 0.0.0.0\n"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """`topics ...`; returns the exit code.
 
     `serve` exits 0 after a graceful stop, 2 on a configuration error (a bad
     `TOPICS_*` value or flag) and 1 when startup fails (data directory unusable
     or locked, port busy, recovery failed); each error is one line on stderr.
-    argparse usage errors exit 2. `verify`, `dump` and `spark-export` are
-    described in :mod:`topics.tools`.
+    argparse usage errors exit 2. `verify`, `dump`, `spark-export` and `repair`
+    are described in :mod:`topics.tools`; the client commands (produce,
+    consume, ...) in :mod:`topics.client.commands` and docs/CLI.md.
     """
-    parser = argparse.ArgumentParser(prog="topics", description="topics event-log server")
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog="topics", description=_DESCRIPTION, epilog=_EPILOG, formatter_class=raw
+    )
     parser.add_argument("--version", action="version", version=f"topics {__version__}")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    serve = sub.add_parser("serve", help="run the server (configured by TOPICS_* variables)")
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    serve = sub.add_parser(
+        "serve",
+        help="run the server (configured by TOPICS_* variables)",
+        description=_SERVE_DESCRIPTION,
+        epilog=_serve_epilog(),
+        formatter_class=raw,
+    )
     serve.add_argument("--host", help="bind host (overrides TOPICS_HOST)")
     serve.add_argument(
         "--port", type=_port_arg, help="bind port, 0 = ephemeral (overrides TOPICS_PORT)"
@@ -287,9 +401,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--data-dir", help="data directory (overrides TOPICS_DATA_DIR)")
     serve.add_argument("--port-file", help="write host:port here once bound (TOPICS_PORT_FILE)")
     from topics import tools
+    from topics.client import commands
 
+    commands.add_subcommands(sub)
     tools.add_subcommands(sub)
     args = parser.parse_args(argv)
+    if getattr(args, "client_command", None) is not None:
+        return commands.run(args)
     if args.cmd in ("verify", "dump", "spark-export", "repair"):
         return tools.run(args)
 
