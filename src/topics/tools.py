@@ -11,11 +11,15 @@ dir no server is writing to (a live server's active WAL tail may read as torn).
   corruption, 2 on a usage error or a missing data dir, or a directory that is
   not a data dir (none of `wal/`, `meta/`, `topics/`, `.topics.lock` in it), or
   a cold tier that cannot be read.
-* ``topics dump DATA_DIR [--wal] [--segments] [--topic HEX_ID] [--json] [--cold-dir DIR]``
+* ``topics dump DATA_DIR [--wal] [--segments] [--topic NAME_OR_ID] [--json] [--cold-dir DIR]``
   prints the WAL frames of every shard (the valid log, up to its end) and the
   segment records of every topic, then of the cold tier; with neither flag
-  both. `--json` writes one JSON object per line. Exit 0, 1 when a file cannot
-  be read, or 2 on a usage error or a missing data dir.
+  both. `--topic` takes a topic name (every id the data dir has known it by:
+  snapshots and WAL TopicCreate frames) or a hex id. `--json` writes one JSON
+  object per line. Exit 0, 1 when a file cannot be read, or 2 on a usage
+  error, a missing data dir or an unknown topic.
+* ``topics spark-export DATA_DIR --to parquet OUT [--file-names id|name]``: see
+  :func:`spark_export`.
 
 `--cold-dir` is a directory or an `s3://bucket/prefix` url: an object-store cold
 tier (docs/FORMATS.md, "Object-store cold tier") is read through
@@ -98,7 +102,12 @@ def _dump_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("data_dir", metavar="DATA_DIR", help="the server's data directory")
     p.add_argument("--wal", action="store_true", help="dump WAL frames")
     p.add_argument("--segments", action="store_true", help="dump segment records")
-    p.add_argument("--topic", metavar="HEX_ID", help="only this topic id (hex, as in topics/)")
+    p.add_argument(
+        "--topic",
+        metavar="NAME_OR_ID",
+        help="only this topic: a name (every instance the data dir knows by it), or a "
+        "hex topic id as in topics/ (0x... is always an id)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.add_argument(
         "--cold-dir",
@@ -127,6 +136,13 @@ def _export_args(p: argparse.ArgumentParser) -> None:
         help="data as JSON text (string, default) or its UTF-8 bytes (binary)",
     )
     p.add_argument("--compression", default="snappy", help="Parquet codec (default snappy)")
+    p.add_argument(
+        "--file-names",
+        choices=["id", "name"],
+        default="id",
+        help="name each file by topic id, topic-<16 hex>.parquet (default), or by topic "
+        "name, topic-<name>.parquet with ':' written as '~' (Hadoop paths refuse ':')",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(tools_command="spark-export")
 
@@ -230,7 +246,9 @@ def repair(data_dir: str, *, dry_run: bool = False, fs: Fs | None = None) -> int
 def spark_export(args: argparse.Namespace) -> int:
     """`topics spark-export DATA_DIR --to parquet OUT` (docs/SPARK.md, "Bulk export to Parquet").
 
-    `--cold-dir` is a directory or an `s3://bucket/prefix` url. Exit 0 on
+    `--cold-dir` is a directory or an `s3://bucket/prefix` url. Files are named
+    by topic id (`topic-<16 hex>.parquet`), or with `--file-names name` by topic
+    name (:func:`export_file_name`). Exit 0 on
     success; 1 when the history cannot be read whole (a frame does not verify, a
     segment the snapshot relies on is missing, the object store fails), with
     nothing left in OUT; 2 on a usage error (missing data or cold dir, non-empty
@@ -271,11 +289,46 @@ def spark_export(args: argparse.Namespace) -> int:
         return EXIT_CORRUPT
     except FileNotFoundError as e:
         return _usage(str(e))
+    if args.file_names == "name":
+        try:
+            _name_export_files(args.data_dir, args.out, args.cold_dir)
+        except OSError as e:
+            print(f"topics: cannot rename the exported files by name: {e}", file=sys.stderr)
+            return EXIT_CORRUPT
     print(
         f"exported {rep.records} records of {rep.topics} topic(s) from {rep.segments} "
         f"segment(s) into {rep.files} Parquet file(s) in {args.out} ({rep.seconds:.2f} s)"
     )
     return EXIT_OK
+
+
+def export_file_name(topic: str) -> str:
+    """The Parquet file of `topic` under `--file-names name`: ``topic-<name>.parquet``
+    with ':' (valid in topic names, refused in Hadoop paths) written as '~' (never
+    in a topic name, so the mapping can be undone)."""
+    return f"topic-{topic.replace(':', '~')}.parquet"
+
+
+def _name_export_files(data_dir: str, out: str, cold_dir: str | None) -> None:
+    """Rename the export's `topic-<id>.parquet` files to :func:`export_file_name`.
+
+    The id -> name map is the one the export planned with (the data dir's
+    catalog, docs/SPARK.md "Bulk export to Parquet"); a file whose id is not in
+    it keeps its id name.
+    """
+    from topics.storage.catalog import load_catalog
+
+    names = {t.topic_id: name for name, t in load_catalog(data_dir, cold_dir).items()}
+    for entry in sorted(os.listdir(out)):
+        if not (entry.startswith("topic-") and entry.endswith(".parquet")):
+            continue
+        hex_id = entry[len("topic-") : -len(".parquet")]
+        try:
+            name = names.get(int(hex_id, 16))
+        except ValueError:
+            continue
+        if name is not None:
+            os.replace(os.path.join(out, entry), os.path.join(out, export_file_name(name)))
 
 
 def _parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace | int:
@@ -535,6 +588,63 @@ def _parse_topic(text: str | None) -> int | None:
     return int(t, 16)
 
 
+def topic_names(fs: Fs, data_dir: str) -> dict[str, set[int]]:
+    """Every topic name the data dir knows -> the ids it has had.
+
+    From the valid metadata snapshots (the topics as of a checkpoint) and the
+    WAL's TopicCreate frames (topics created since), read without changing
+    anything: a name deleted and created again has several ids.
+    """
+    from topics.format.frame import TOPIC_CREATE
+    from topics.format.snapshot import SnapshotInvalid, decode_snapshot
+    from topics.storage.snapshot import list_snapshots
+
+    out: dict[str, set[int]] = {}
+    meta_dir = os.path.join(data_dir, "meta")
+    if fs.exists(meta_dir):
+        for _n, path in list_snapshots(fs, meta_dir):
+            body = decode_snapshot(read_file(fs, path))
+            if isinstance(body, SnapshotInvalid):
+                continue
+            for m in body.get("topics") or []:
+                try:
+                    out.setdefault(str(m["name"]), set()).add(int(m["id"]))
+                except (KeyError, TypeError, ValueError):
+                    continue
+    for _label, d in list_shards(fs, data_dir):
+        for _name, fr in scan_shard(fs, d).frames:
+            if fr.type != TOPIC_CREATE:
+                continue
+            try:
+                name = fr.control().get("name")
+            except (FrameError, AttributeError):
+                continue
+            if isinstance(name, str):
+                out.setdefault(name, set()).add(fr.topic_id)
+    return out
+
+
+def _resolve_topic(fs: Fs, data_dir: str, text: str | None) -> frozenset[int] | None:
+    """The topic ids `--topic` selects: those a name has had, else a hex id.
+
+    A value the data dir knows as a name is a name (even when it also reads as
+    hex); `0x...` is always an id. Raises ValueError for neither.
+    """
+    if text is None:
+        return None
+    if not text.lower().startswith("0x"):
+        ids = topic_names(fs, data_dir).get(text)
+        if ids:
+            return frozenset(ids)
+    try:
+        tid = _parse_topic(text)
+    except ValueError:
+        raise ValueError(
+            f"--topic {text!r}: no topic of that name in {data_dir}, and not a hex topic id"
+        ) from None
+    return None if tid is None else frozenset({tid})
+
+
 def _payload_value(raw: bytes) -> tuple[str, Any]:
     """("data", parsed JSON) or ("data_raw", text) when it is not JSON."""
     try:
@@ -577,11 +687,13 @@ def _bytes_text(b: bytes) -> str:
     return b.decode("utf-8", "replace")
 
 
-def _wal_lines(fs: Fs, data_dir: str, topic: int | None, as_json: bool) -> Iterator[str]:
+def _wal_lines(
+    fs: Fs, data_dir: str, topics: frozenset[int] | None, as_json: bool
+) -> Iterator[str]:
     for label, d in list_shards(fs, data_dir):
         sc = scan_shard(fs, d)
         for name, fr in sc.frames:
-            if topic is not None and fr.topic_id != topic:
+            if topics is not None and fr.topic_id not in topics:
                 continue
             obj: dict[str, Any] = {"kind": "wal_frame", "shard": label, "file": name}
             obj["offset"] = fr.offset
@@ -638,18 +750,18 @@ def _wal_lines(fs: Fs, data_dir: str, topic: int | None, as_json: bool) -> Itera
                 f"# wal {label}: {len(sc.frames)} frames, end at "
                 f"{sc.end_file}@{sc.end_offset}{torn}"
             )
-            for d in sc.damage:
-                yield f"# wal {label}: DAMAGE {d.describe(label)}"
+            for dmg in sc.damage:
+                yield f"# wal {label}: DAMAGE {dmg.describe(label)}"
 
 
 def _segment_lines(
-    fs: Fs, root: str, topic: int | None, as_json: bool, tier: str = "hot"
+    fs: Fs, root: str, topics: frozenset[int] | None, as_json: bool, tier: str = "hot"
 ) -> Iterator[str]:
     """Records of every segment under `root` (`tier` "hot": the data dir, lines
     `seg ...`; "cold": a cold-tier root, lines `cold ...`)."""
     prefix = "seg" if tier == "hot" else tier
     for tid, d in list_topic_dirs(fs, root):
-        if topic is not None and tid != topic:
+        if topics is not None and tid not in topics:
             continue
         for first, paths in scan_segments(fs, d).segments:
             seg = posixpath.basename(paths.data)[: -len(".data")]
@@ -732,24 +844,27 @@ def dump(
     err = err or _cold_dir_error(cold_dir, local=fs is None)
     if err is not None:
         return _usage(err)
+    the_fs = fs_for(fs or RealFs(), cold_dir)
     try:
-        tid = _parse_topic(topic)
+        tids = _resolve_topic(the_fs, data_dir, topic)
     except ValueError as e:
         return _usage(str(e))
+    except (OSError, ColdStoreError) as e:
+        print(f"topics: dump failed: {e}", file=sys.stderr)
+        return EXIT_CORRUPT
     if not wal and not segments:
         wal = segments = True
-    the_fs = fs_for(fs or RealFs(), cold_dir)
     out: Callable[[str], None] = _Out()
     try:
         if wal:
-            for line in _wal_lines(the_fs, data_dir, tid, as_json):
+            for line in _wal_lines(the_fs, data_dir, tids, as_json):
                 out(line)
         if segments:
-            for line in _segment_lines(the_fs, data_dir, tid, as_json):
+            for line in _segment_lines(the_fs, data_dir, tids, as_json):
                 out(line)
             if cold_dir is not None:
                 root = cold_root(cold_dir).url if is_object_url(cold_dir) else cold_dir
-                for line in _segment_lines(the_fs, root, tid, as_json, "cold"):
+                for line in _segment_lines(the_fs, root, tids, as_json, "cold"):
                     out(line)
     except BrokenPipeError:
         _quiet_broken_pipe()
