@@ -679,6 +679,7 @@ class AsyncWatch:
         self._closed = True
         r = self._response
         if r is not None:
+            _core.interrupt(r.extensions)
             await r.aclose()
 
     async def __aenter__(self) -> AsyncWatch:

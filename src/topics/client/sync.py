@@ -817,6 +817,7 @@ class Watch:
         self._closed = True
         r = self._response
         if r is not None:
+            _core.interrupt(r.extensions)
             r.close()
 
     def __enter__(self) -> Watch:
