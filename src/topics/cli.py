@@ -405,7 +405,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     commands.add_subcommands(sub)
     tools.add_subcommands(sub)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # KEY=VALUE arguments after an option (`create T --config J k=v`): argparse
+        # leaves them over; they belong to the command's pairs.
+        if isinstance(getattr(args, "pairs", None), list) and all(
+            "=" in x and not x.startswith("-") for x in extra
+        ):
+            args.pairs.extend(extra)
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if getattr(args, "client_command", None) is not None:
         return commands.run(args)
     if args.cmd in ("verify", "dump", "spark-export", "repair"):

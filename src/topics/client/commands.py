@@ -570,6 +570,13 @@ def _conn_parent() -> argparse.ArgumentParser:
     g.add_argument(
         "--timeout", type=float, default=30.0, metavar="S", help="per-request timeout in seconds"
     )
+    g.add_argument(
+        "--retries",
+        type=_nonneg,
+        default=5,
+        metavar="N",
+        help="retries after 429/503 answers and connection failures (default 5)",
+    )
     return p
 
 
@@ -968,7 +975,7 @@ def run(args: argparse.Namespace) -> int:
     """Carry out a parsed client command; returns the exit code."""
     handler: Handler = args.client_command
     try:
-        with Client(args.url, args.token, timeout=args.timeout) as client:
+        with Client(args.url, args.token, timeout=args.timeout, retries=args.retries) as client:
             return handler(args, client)
     except UsageError as e:
         _note(str(e))
