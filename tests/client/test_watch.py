@@ -214,3 +214,54 @@ def test_no_reconnect_raises(server: ServerProcess, direct: Client) -> None:
                 col.end()
     finally:
         proxy.close()
+
+
+def test_reconnect_on_shutdown_waits_for_the_server(tmp_path: Path) -> None:
+    server = ServerProcess(tmp_path)
+    proxy = Proxy(server.port)
+    try:
+        with Client(server.base) as direct:
+            direct.put_topic("w.back", durability="fsync")
+            direct.append("w.back", ["a"])
+        with Client(proxy.url) as c:
+            w = c.watch(["w.back"], reconnect_on_shutdown=True)
+            col = Collector(w)
+            col.until(lambda e: isinstance(e, CaughtUp))
+            assert server.stop() == 0  # graceful: the shutdown frame, then the stream ends
+            server = ServerProcess(tmp_path)
+            proxy.retarget(server.port)
+            with Client(server.base) as direct:
+                direct.append("w.back", ["b"])
+            assert _records(col.until(lambda e: isinstance(e, Record))) == [2]
+            w.close()
+    finally:
+        proxy.close()
+        server.stop()
+
+
+def test_async_watch_resumes_after_a_drop(server: ServerProcess, direct: Client) -> None:
+    import asyncio
+
+    from topics.client import AsyncClient
+
+    direct.append("w.adrop", ["a"])
+    proxy = Proxy(server.port)
+
+    async def main() -> list[int]:
+        seqs: list[int] = []
+        async with AsyncClient(proxy.url) as c, c.watch(["w.adrop"], heartbeat_ms=1000) as w:
+            async for ev in w:
+                if isinstance(ev, CaughtUp) and ev.head_seq == 1:
+                    proxy.drop_all()
+                    await asyncio.to_thread(direct.append, "w.adrop", ["b"])
+                if isinstance(ev, Record):
+                    seqs.append(ev.seq)
+                    if ev.seq == 2:
+                        break
+            assert w.reconnects >= 1
+        return seqs
+
+    try:
+        assert asyncio.run(main()) == [1, 2]
+    finally:
+        proxy.close()

@@ -252,7 +252,9 @@ def cmd_produce(args: argparse.Namespace, client: Client) -> int:
         batch.clear()
 
     def summary() -> str:
-        seqs = f": seqs {first}-{last}" if first is not None else ""
+        seqs = (
+            "" if first is None else f": seq {first}" if first == last else f": seqs {first}-{last}"
+        )
         return (
             f"produced {sent} record{'s' * (sent != 1)} to {args.topic}{seqs} "
             f"({batches} batch{'es' * (batches != 1)})"
