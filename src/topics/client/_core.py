@@ -78,8 +78,10 @@ def seg(name: str) -> str:
 
 @dataclass(slots=True)
 class Call:
-    """One request: `body` None means no body. `safe` says a transport failure may
-    be retried (the request does not change anything twice when repeated)."""
+    """One request: `body` None means no body, bytes are sent as they are (JSON
+    already encoded), anything else is encoded as JSON. `safe` says a transport
+    failure may be retried (the request does not change anything twice when
+    repeated)."""
 
     method: str
     path: str
@@ -89,7 +91,12 @@ class Call:
     safe: bool = True
 
     def content(self) -> bytes | None:
-        return None if self.body is None else orjson.dumps(self.body)
+        """The request body: `body` as JSON, or as it is when it is already bytes."""
+        if self.body is None:
+            return None
+        if isinstance(self.body, bytes | bytearray):
+            return bytes(self.body)
+        return orjson.dumps(self.body)
 
 
 @dataclass(slots=True)

@@ -174,13 +174,17 @@ class Client:
         *,
         params: Mapping[str, str] | None = None,
         json: Any = None,
+        content: bytes | None = None,
+        safe: bool = True,
     ) -> Json:
         """Any `/v0` route: the JSON answer, errors raised as for every method.
 
-        Retried like a safe request (see the class); do not use it for writes
-        without an idempotency key.
+        The body is `json` encoded, or `content` (JSON already encoded) as it is.
+        A transport failure is retried when `safe` (the default; see the class):
+        pass False for a write without an idempotency key.
         """
-        return self._send(Call(method, path, dict(params) if params else None, json))[1]
+        body = content if content is not None else json
+        return self._send(Call(method, path, dict(params) if params else None, body, safe=safe))[1]
 
     # -- probes and metrics (docs/API.md, "15. Health, readiness and metrics") --------
 

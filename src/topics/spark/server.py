@@ -1,8 +1,9 @@
 """Reads and writes through a running server's `/v0` API (docs/SPARK.md). No pyspark import.
 
-* :class:`Client`: httpx with the bearer token (docs/API.md, "2.1 Keys"), retries of transport
-  errors, `429` and `503` (honouring `Retry-After`), and the error envelope
-  (docs/API.md, "3.1 The envelope") turned into :class:`ServerError`.
+* :class:`Client`: the topics client (:mod:`topics.client`) with the bearer token
+  (docs/API.md, "2.1 Keys"), its retries of transport errors, `429` and `503`
+  (honouring `Retry-After`), and the error envelope (docs/API.md, "3.1 The
+  envelope") turned into :class:`ServerError`.
 * Offsets are per-topic cursors: `{"topic": seq}` where `seq` is the last seq a
   read has covered, i.e. the `from_seq` of the next `diff` (docs/API.md, "8. Reading:
   diff, cursors and pagination"). A range `(start, end]` of one topic is read
@@ -21,12 +22,10 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import orjson
 import pyarrow as pa
 
@@ -97,14 +96,14 @@ def check_topic_name(name: str) -> str:
 
 
 class Client:
-    """A small synchronous `/v0` client.
+    """The Spark package's view of a server: :class:`topics.client.Client` underneath.
 
     `url` is the server base (`http://host:port`), `token` an API key sent as
     `Authorization: Bearer` (None: no header, for servers with auth off),
     `timeout_s` the per-request timeout, `retries` how many times a transport
     error, `429` or `503` is retried (with `Retry-After`, else a doubling
-    backoff from 0.1 s capped at 2 s). Raises ServerError for other non-2xx
-    answers, httpx.TransportError when retries run out.
+    backoff from 0.1 s capped at 2 s; the topics client's rules, docs/CLIENT.md).
+    Raises ServerError for other non-2xx answers and when retries run out.
     """
 
     def __init__(
@@ -112,14 +111,14 @@ class Client:
     ) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"option url={url!r} must start with http:// or https://")
-        headers = {"content-type": "application/json"}
-        if token:
-            headers["authorization"] = f"Bearer {token}"
-        self._http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout_s)
+        from topics.client import Client as TopicsClient
+
+        # An empty token means none: the Spark options never fall back to $TOPICS_TOKEN.
+        self._c = TopicsClient(url.rstrip("/"), token or "", timeout=timeout_s, retries=retries)
         self.retries = retries
 
     def close(self) -> None:
-        self._http.close()
+        self._c.close()
 
     def __enter__(self) -> Client:
         return self
@@ -136,39 +135,25 @@ class Client:
         params: dict[str, Any] | None = None,
         ok404: bool = False,
     ) -> dict[str, Any] | None:
-        """The JSON answer; None for a 404 when `ok404`. Retries as the class says."""
-        delay = 0.1
-        for attempt in range(self.retries + 1):
-            try:
-                r = self._http.request(method, path, content=body, params=params)
-            except httpx.TransportError as e:
-                if attempt >= self.retries:
-                    raise
-                log.warning("%s %s failed (%s); retrying in %.1f s", method, path, e, delay)
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
-                continue
-            if r.status_code in (429, 503) and attempt < self.retries:
-                try:
-                    wait = float(r.headers.get("retry-after", delay))
-                except ValueError:
-                    wait = delay
-                time.sleep(min(max(wait, 0.05), 5.0))
-                delay = min(delay * 2, 2.0)
-                continue
-            if r.status_code == 404 and ok404:
+        """The JSON answer; None for a 404 when `ok404`. Retries as the class says.
+
+        Every request this package sends may be repeated (reads, and appends that
+        carry an idempotency key), so transport failures are retried too.
+        """
+        from topics.client import TopicsError
+
+        try:
+            out = self._c.request(
+                method,
+                path,
+                params={k: str(v) for k, v in (params or {}).items()} or None,
+                content=body,
+            )
+        except TopicsError as e:
+            if e.status == 404 and ok404:
                 return None
-            if r.status_code >= 300:
-                code, message = "unknown", r.text[:500]
-                try:
-                    err = r.json().get("error") or {}
-                    code, message = str(err.get("code", code)), str(err.get("message", message))
-                except ValueError:
-                    pass
-                raise ServerError(method, path, r.status_code, code, message)
-            out: dict[str, Any] = orjson.loads(r.content)
-            return out
-        raise AssertionError("unreachable")  # pragma: no cover
+            raise ServerError(method, path, e.status, e.code, e.message) from e
+        return dict(out)
 
     # -- endpoints --------------------------------------------------------------------
 
@@ -277,8 +262,8 @@ def read_range(
 
     Raises DataLossError on a tombstone inside the range, or when the topic is
     gone, if `fail_on_data_loss`; otherwise logs it and reads on (a recreated
-    topic ends the range: its old seqs no longer exist). ServerError and
-    httpx errors propagate.
+    topic ends the range: its old seqs no longer exist). ServerError propagates
+    (also for a server that cannot be reached: status 0).
     """
     cur = rng.start
     while cur < rng.end:
