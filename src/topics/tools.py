@@ -18,7 +18,7 @@ dir no server is writing to (a live server's active WAL tail may read as torn).
   snapshots and WAL TopicCreate frames) or a hex id. `--json` writes one JSON
   object per line. Exit 0, 1 when a file cannot be read, or 2 on a usage
   error, a missing data dir or an unknown topic.
-* ``topics spark-export DATA_DIR --to parquet OUT [--file-names id|name]``: see
+* ``topics spark-export DATA_DIR --to parquet OUT [--file-names name|id]``: see
   :func:`spark_export`.
 
 `--cold-dir` is a directory or an `s3://bucket/prefix` url: an object-store cold
@@ -139,9 +139,9 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--file-names",
         choices=["id", "name"],
-        default="id",
-        help="name each file by topic id, topic-<16 hex>.parquet (default), or by topic "
-        "name, topic-<name>.parquet with ':' written as '~' (Hadoop paths refuse ':')",
+        default="name",
+        help="name each file by topic name, topic-<name>.parquet with ':' written as '~' "
+        "(Hadoop paths refuse ':'; the default), or by topic id, topic-<16 hex>.parquet",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(tools_command="spark-export")
@@ -247,8 +247,8 @@ def spark_export(args: argparse.Namespace) -> int:
     """`topics spark-export DATA_DIR --to parquet OUT` (docs/SPARK.md, "Bulk export to Parquet").
 
     `--cold-dir` is a directory or an `s3://bucket/prefix` url. Files are named
-    by topic id (`topic-<16 hex>.parquet`), or with `--file-names name` by topic
-    name (:func:`export_file_name`). Exit 0 on
+    by topic name (:func:`export_file_name`), or with `--file-names id` by topic
+    id (`topic-<16 hex>.parquet`). Exit 0 on
     success; 1 when the history cannot be read whole (a frame does not verify, a
     segment the snapshot relies on is missing, the object store fails), with
     nothing left in OUT; 2 on a usage error (missing data or cold dir, non-empty

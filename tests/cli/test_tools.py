@@ -73,7 +73,14 @@ def test_dump_unknown_topic_is_a_usage_error(data_dir: Path) -> None:
 def test_spark_export_file_names(data_dir: Path, tmp_path: Path) -> None:
     pytest.importorskip("pyarrow")
     by_id = run(
-        "spark-export", str(data_dir), "--to", "parquet", str(tmp_path / "ids"), "--no-progress"
+        "spark-export",
+        str(data_dir),
+        "--to",
+        "parquet",
+        str(tmp_path / "ids"),
+        "--file-names",
+        "id",
+        "--no-progress",
     )
     assert by_id.returncode == 0, by_id.stderr
     assert all(p.name[6:-8].isalnum() and len(p.name) == 30 for p in (tmp_path / "ids").iterdir())
@@ -83,8 +90,6 @@ def test_spark_export_file_names(data_dir: Path, tmp_path: Path) -> None:
         "--to",
         "parquet",
         str(tmp_path / "names"),
-        "--file-names",
-        "name",
         "--no-progress",
     )
     assert p.returncode == 0, p.stderr

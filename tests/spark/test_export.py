@@ -39,7 +39,7 @@ def test_export_to_parquet_equals_the_engine_diff(
     assert f"exported {len(want)} records of 4 topic(s)" in r.stdout
     assert "export" in r.stderr and "rec" in r.stderr  # the progress bar
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        f"topic-{t.cat.topic_id:016x}.parquet" for t in load_offline(str(history.data_dir)).values()
+        f"topic-{name.replace(':', '~')}.parquet" for name in load_offline(str(history.data_dir))
     )
     got = spark_rows(spark.read.parquet(str(out)))
     assert len(got) == len(want) and set(got) == want
