@@ -2,7 +2,9 @@
 
 The document is the package file `openapi.json` beside this module, read once and
 served as it is, without authentication (like the probes: it describes the API,
-it holds no data). Its wording follows docs/API.md.
+it holds no data). That file is written by `scripts/openapi` from
+:mod:`topics.http.openapi_doc` and committed; tests/http/test_openapi.py holds it
+to the app (docs/API.md, "The OpenAPI document").
 """
 
 from __future__ import annotations
