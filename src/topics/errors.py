@@ -35,6 +35,8 @@ class TopicsError(Exception):
         if retry_after is None and status in (429, 503):
             retry_after = 1
         self.retry_after = retry_after
+        #: Methods the path takes, for the `Allow` header of a 405 (RFC 9110, 15.5.6).
+        self.allow: tuple[str, ...] = ()
 
     def body(self) -> dict[str, Any]:
         """The canonical error envelope as a JSON-ready dict."""

@@ -20,10 +20,9 @@ The summary (operations, cases, stateful steps, statuses, failures) is printed
 at the end of the module, and written as JSON to `TOPICS_SCHEMATHESIS_SUMMARY`
 when that is set.
 
-Two things are left to the document's prose rather than tested here:
-`GET /v0/ws` (schemathesis speaks no WebSocket; tests/http/test_openapi.py checks
-its plain-GET answer), and the `Allow` header of a `405` (see the
-`unsupported_method` note below).
+One thing is left to the document's prose rather than tested here: `GET /v0/ws`
+(schemathesis speaks no WebSocket; tests/http/test_openapi.py checks its
+plain-GET answer).
 """
 
 from __future__ import annotations
@@ -191,9 +190,8 @@ schema.config.generation.update(codec="ascii", with_security_parameters=False)
 # the ignored_auth check sends each secured operation again without it, and with a
 # wrong one, and wants 401.
 schema.config.checks.update(
-    # A 405 carries no `Allow` header (RFC 9110 asks for one): reported, not tested.
     # positive_data_acceptance is replaced by `positive_data_accepted` below.
-    excluded_check_names=["unsupported_method", "positive_data_acceptance"],
+    excluded_check_names=["positive_data_acceptance"],
 )
 
 

@@ -566,3 +566,13 @@ def test_event_streams_match(contract: Contract) -> None:
                 assert end["data"]["code"] == 409
 
     asyncio.run(main())
+
+
+def test_a_405_lists_the_methods_the_path_takes() -> None:
+    """RFC 9110: a 405 carries `Allow` (docs/API.md, "3.3 Every error code")."""
+    from topics.errors import TopicsError
+    from topics.http.responses import error_resp
+
+    err = TopicsError(405, "method_not_allowed", "PATCH is not allowed here")
+    err.allow = ("GET", "HEAD")
+    assert (b"allow", b"GET, HEAD") in error_resp(err).headers

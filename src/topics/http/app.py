@@ -134,6 +134,7 @@ class Match:
     names: list[str]
     params: dict[str, str]
     status: int = 200  # 404 / 405 when route is None
+    allow: tuple[str, ...] = ()  # with a 405: the methods the path takes
     probe: bool = False
     watch_stream: bool = False
     sse_token: bool = False
@@ -284,7 +285,8 @@ class TopicsApp:
         if route is None and method == "HEAD" and "GET" in routes:
             route = routes["GET"]
         if route is None:
-            return Match(None, fallback, names, params, 405, probe=probe)
+            allow = tuple(sorted({*routes, *(("HEAD",) if "GET" in routes else ())}))
+            return Match(None, fallback, names, params, 405, probe=probe, allow=allow)
         return Match(route, route.scopes, names, params, 200, probe=probe)
 
     # ------------------------------------------------------------ lifecycle
@@ -460,7 +462,9 @@ class TopicsApp:
         """The matched route, or 404/405 (and 400 for the WebSocket path without an upgrade)."""
         if m.route is None:
             if m.status == 405:
-                raise TopicsError(405, "method_not_allowed", f"{method} is not allowed here")
+                err = TopicsError(405, "method_not_allowed", f"{method} is not allowed here")
+                err.allow = m.allow
+                raise err
             raise TopicsError(404, "not_found", f"no route for {path}")
         if m.websocket and not is_ws:
             raise bad_request("GET /v0/ws needs a WebSocket upgrade")

@@ -1714,8 +1714,9 @@ too. With no key configured (dev mode) nothing is checked.
 **Errors.** Every failure carries the envelope
 `{"error": {"code", "message", "detail"?}}`; branch on `code`. `429` and `503`
 carry `Retry-After: 1`, `507` carries `Retry-After: 5`. Any path answers `404
-not_found` when nothing matches it and `405 method_not_allowed` for a method it
-does not take; a request the connection layer refuses gets `414`, `431` or
+not_found` when nothing matches it and `405 method_not_allowed`, with an `Allow`
+header listing the methods it takes, for a method it does not take; a request
+the connection layer refuses gets `414`, `431` or
 `503 too_many_connections` before any route sees it.
 
 **Bodies.** JSON with a `Content-Type` starting with `application/json`. Unknown

@@ -105,8 +105,11 @@ def error_body(err: TopicsError) -> bytes:
 
 
 def error_resp(err: TopicsError) -> Resp:
-    """The error envelope (docs/API.md, "3.1 The envelope"), with Retry-After on 429/503."""
+    """The error envelope (docs/API.md, "3.1 The envelope"), with Retry-After on 429/503
+    and Allow on 405."""
     headers = [JSON_CT]
     if err.retry_after is not None:
         headers.append((b"retry-after", str(err.retry_after).encode()))
+    if err.allow:
+        headers.append((b"allow", ", ".join(err.allow).encode()))
     return Resp(err.status, error_body(err), headers)
