@@ -387,8 +387,12 @@ def test_hostile_websocket_messages_get_error_messages_and_the_socket_stays_open
                 "request_id": "after",
             }
             pub = {"op": "publish", "request_id": 1, "topic": "ws.h", "records": [{"data": "ok"}]}
-            await ws.send(json.dumps(pub))
-            ack = json.loads(await asyncio.wait_for(ws.recv(), 10))
+            for _ in range(50):  # a machine busy with other tests may make the server shed load
+                await ws.send(json.dumps(pub))
+                ack = json.loads(await asyncio.wait_for(ws.recv(), 10))
+                if ack.get("code") != "throttled":
+                    break
+                await asyncio.sleep(0.1)
             assert ack["op"] == "ack" and ack["seqs"] == [1], ack
             # a message just under the limit is still read
             await ws.send(json.dumps({"op": "ping", "request_id": "z" * 60_000}))
@@ -443,6 +447,9 @@ def test_slow_request_heads_are_cut_off(impatient: ServerProcess) -> None:
                 break
         except TimeoutError:
             pass
+        except ConnectionResetError:  # closed with a reset rather than a FIN
+            closed_after = time.monotonic() - t0
+            break
     slow.close()
     assert closed_after is not None and closed_after < 3.0, closed_after
 

@@ -40,6 +40,8 @@ ROUTE_PATHS = {
     "health": "/v0/health",
     "ready": "/v0/ready",
     "metrics": "/v0/metrics",
+    "openapi": "/v0/openapi.json",
+    "console": "/console/:file",
 }
 # Root aliases served besides the /v0 paths.
 ALIASES = {"/healthz": "health", "/readyz": "ready"}

@@ -50,6 +50,11 @@ class BadInput(Exception):
     """Input (stdin) that cannot be sent (exit 1)."""
 
 
+class Refused(Exception):
+    """A command the CLI will not carry out as given, e.g. one that would replace an
+    existing topic's config without `--replace` (exit 1)."""
+
+
 # -- output ------------------------------------------------------------------------------
 
 
@@ -407,11 +412,9 @@ def _config_args(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_topic_create(args: argparse.Namespace, client: Client) -> int:
     config = _config_args(args)
     if not args.replace and client.topic_exists(args.topic):
-        raise TopicsError(
-            409,
-            "topic_exists",
+        raise Refused(
             f"topic {args.topic!r} already exists (change its config with "
-            f"`topics config {args.topic} key=value`, or pass --replace)",
+            f"`topics config {args.topic} key=value`, or pass --replace)"
         )
     r = client.put_topic(args.topic, config)
     _json_pretty({"topic": r.topic, "created": r.created, "config": r.config.to_dict()})
@@ -982,7 +985,7 @@ def run(args: argparse.Namespace) -> int:
     except UsageError as e:
         _note(str(e))
         return EXIT_USAGE
-    except BadInput as e:
+    except (BadInput, Refused) as e:
         _note(str(e))
         return EXIT_FAIL
     except ConnectionFailed as e:
