@@ -10,6 +10,9 @@ import pytest
 from tests.cli.support import run
 from topics.cli import SERVE_ENV
 
+# Every test runs the `topics` command as a process: the full tier's, like the other CLI tests.
+pytestmark = [pytest.mark.e2e]
+
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 

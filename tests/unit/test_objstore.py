@@ -35,6 +35,9 @@ from topics.storage.objstore import (
 from topics.storage.segment import SegmentRangeError, segment_paths
 from topics.storage.segstore import SegmentPart, SegmentStore
 
+# A moto server and a proxy per module, sixteen tests over HTTP: the full tier's.
+pytestmark = [pytest.mark.slow]
+
 DATA, IDX = SegmentPart.DATA, SegmentPart.IDX
 BUCKET = "cold-bucket"
 
