@@ -1,0 +1,254 @@
+package topics.jvm;
+
+import java.io.EOFException;
+import java.io.IOException;
+import java.io.UncheckedIOException;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.nio.channels.FileChannel;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.NoSuchFileException;
+import java.nio.file.Path;
+import java.nio.file.StandardOpenOption;
+import java.util.Arrays;
+import org.apache.spark.sql.connector.read.PartitionReader;
+import org.apache.spark.sql.execution.vectorized.OnHeapColumnVector;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.sql.vectorized.ColumnVector;
+import org.apache.spark.sql.vectorized.ColumnarBatch;
+
+/**
+ * Reads one {@link SegmentPartition} as columnar batches of the source schema
+ * (topic, seq, ts, tag, node, meta, data).
+ *
+ * <p>Layout (docs/FORMATS.md, "Segment files"; all integers little-endian):
+ * <ul>
+ * <li>{@code .idx}: 20 bytes per seq, entry i is seq first_seq + i: offset u32, len u32
+ *     (whole frame), ts u64 (ms), flags u8, 3 pad bytes. Flags 0xD5 marks a deleted
+ *     record or a hole: such entries are skipped.</li>
+ * <li>{@code .data} frame: frame_len u32 (bytes after itself), flags u8, topic_id u64,
+ *     seq u64, ts u64, node_len u16, tag_len u16, data_len u32 (37 header bytes),
+ *     then node, tag, payload, then XXH3-64 (u64) over every byte after frame_len.
+ *     With the has_meta flag the payload is meta_len u32, meta, data.</li>
+ * </ul>
+ *
+ * <p>Every frame read is checked like the Python reader does: it lies inside the file,
+ * frame_len matches the indexed length, the three lengths add up, the seq and ts match
+ * the entry, the checksum matches, meta_len fits, and node, tag, meta (and data, for
+ * the json value format) are UTF-8. The frame's own flags byte, not the `.idx` copy,
+ * says whether node, tag and meta are present. Anything else throws
+ * {@link FrameCorruptException} naming the topic, the file and the seq.
+ */
+final class SegmentReader implements PartitionReader<ColumnarBatch> {
+    static final int IDX_ENTRY = 20;
+    static final int HDR = 37;
+    static final int CRC = 8;
+    static final int DELETED = 0xD5;
+    static final int F_HAS_TAG = 0x01;
+    static final int F_HAS_NODE = 0x02;
+    static final int F_HAS_META = 0x08;
+
+    /** Rows per batch, and the most `.data` bytes read in one go (unless one frame is larger). */
+    static final int BATCH_ROWS = 4096;
+    static final long BATCH_BYTES = 16L << 20;
+
+    private final SegmentPartition p;
+    private final boolean json;
+    private final byte[] topicUtf8;
+    private final FileChannel data;
+    private final String dataPath;
+    private final String idxPath;
+
+    // The kept `.idx` entries, in seq order.
+    private long[] seqs;
+    private long[] offs;
+    private int[] lens;
+    private long[] tss;
+    private int kept;
+    private int next; // first kept entry not yet returned
+
+    private final OnHeapColumnVector[] cols;
+    private final ColumnarBatch batch;
+
+    SegmentReader(SegmentPartition p, StructType schema, boolean json) {
+        this.p = p;
+        this.json = json;
+        this.topicUtf8 = p.topic.getBytes(StandardCharsets.UTF_8);
+        String dp = p.dataPath, ip = p.idxPath;
+        if (!Files.exists(Path.of(dp)) && p.altDataPath != null && Files.exists(Path.of(p.altDataPath))) {
+            // The segment moved to the other tier since planning.
+            dp = p.altDataPath;
+            ip = p.altIdxPath;
+        }
+        this.dataPath = dp;
+        this.idxPath = ip;
+        try {
+            readIdx();
+            this.data = FileChannel.open(Path.of(dp), StandardOpenOption.READ);
+        } catch (NoSuchFileException e) {
+            throw new UncheckedIOException("topic " + p.topic + ": segment file gone since planning: "
+                + e.getFile(), e);
+        } catch (IOException e) {
+            throw new UncheckedIOException(e);
+        }
+        cols = OnHeapColumnVector.allocateColumns(BATCH_ROWS, schema);
+        batch = new ColumnarBatch(cols);
+    }
+
+    /** Reads the `.idx` entries of [lo, hi] and keeps the live ones that pass the filters. */
+    private void readIdx() throws IOException {
+        int count = Math.toIntExact(p.hi - p.lo + 1);
+        if (count <= 0) {
+            seqs = new long[0];
+            return;
+        }
+        ByteBuffer b = ByteBuffer.allocate(Math.multiplyExact(count, IDX_ENTRY)).order(ByteOrder.LITTLE_ENDIAN);
+        long at = (p.lo - p.firstSeq) * IDX_ENTRY;
+        try (FileChannel ch = FileChannel.open(Path.of(idxPath), StandardOpenOption.READ)) {
+            while (b.hasRemaining()) {
+                if (ch.read(b, at + b.position()) < 0) break;
+            }
+        }
+        if (b.hasRemaining()) {
+            throw new FrameCorruptException(p.topic, idxPath, p.lo + b.position() / IDX_ENTRY,
+                ".idx ends before seq " + p.hi + ", which the snapshot says is checkpointed");
+        }
+        seqs = new long[count];
+        offs = new long[count];
+        lens = new int[count];
+        tss = new long[count];
+        for (int i = 0; i < count; i++) {
+            int e = i * IDX_ENTRY;
+            long seq = p.lo + i;
+            long off = b.getInt(e) & 0xFFFFFFFFL;
+            long len = b.getInt(e + 4) & 0xFFFFFFFFL;
+            long ts = b.getLong(e + 8);
+            int flags = b.get(e + 16) & 0xFF;
+            if (flags == DELETED) continue;
+            if (p.tsLo != null && ts < p.tsLo) continue;
+            if (p.tsHi != null && ts > p.tsHi) continue;
+            if (p.keepFromTs != null && ts < p.keepFromTs) continue;
+            if (p.deleted.length > 0 && Arrays.binarySearch(p.deleted, seq) >= 0) continue;
+            if (len < HDR + CRC || len > Integer.MAX_VALUE) {
+                throw new FrameCorruptException(p.topic, dataPath, seq, "frame outside the file");
+            }
+            seqs[kept] = seq;
+            offs[kept] = off;
+            lens[kept] = (int) len;
+            tss[kept] = ts;
+            kept++;
+        }
+    }
+
+    @Override
+    public boolean next() throws IOException {
+        if (next >= kept) return false;
+        // Take up to BATCH_ROWS entries whose frames span at most BATCH_BYTES (at least one).
+        int end = next + 1;
+        long lo = offs[next], hi = offs[next] + lens[next];
+        while (end < kept && end - next < BATCH_ROWS) {
+            long nlo = Math.min(lo, offs[end]), nhi = Math.max(hi, offs[end] + lens[end]);
+            if (nhi - nlo > BATCH_BYTES) break;
+            lo = nlo;
+            hi = nhi;
+            end++;
+        }
+        byte[] raw = readData(lo, hi);
+        for (OnHeapColumnVector c : cols) c.reset();
+        int rows = 0;
+        for (int i = next; i < end; i++) decode(raw, lo, i, rows++);
+        batch.setNumRows(rows);
+        next = end;
+        return true;
+    }
+
+    /** `.data` bytes [lo, hi); a short file means a frame reaches past its end. */
+    private byte[] readData(long lo, long hi) throws IOException {
+        long size = data.size();
+        if (hi > size) {
+            for (int i = next; i < kept; i++) {
+                if (offs[i] + lens[i] > size) {
+                    throw new FrameCorruptException(p.topic, dataPath, seqs[i], "frame outside the file");
+                }
+            }
+        }
+        byte[] raw = new byte[Math.toIntExact(hi - lo)];
+        ByteBuffer b = ByteBuffer.wrap(raw);
+        while (b.hasRemaining()) {
+            if (data.read(b, lo + b.position()) < 0) throw new EOFException(dataPath);
+        }
+        return raw;
+    }
+
+    private static int u16(byte[] b, int i) {
+        return (b[i] & 0xFF) | (b[i + 1] & 0xFF) << 8;
+    }
+
+    private void decode(byte[] raw, long base, int i, int row) {
+        long seq = seqs[i];
+        int o = (int) (offs[i] - base);
+        int ln = lens[i];
+        if ((Xxh3.r32(raw, o)) != ln - 4) bad(seq, "frame_len does not match the indexed length");
+        if (Xxh3.r64(raw, o + 13) != seq) bad(seq, "frame carries another seq");
+        int crcAt = o + ln - CRC;
+        if (Xxh3.hash(raw, o + 4, ln - 4 - CRC) != Xxh3.r64(raw, crcAt)) bad(seq, "checksum mismatch");
+        int flags = raw[o + 4] & 0xFF;
+        long ts = Xxh3.r64(raw, o + 21);
+        int nl = u16(raw, o + 29);
+        int tl = u16(raw, o + 31);
+        long dl = Xxh3.r32(raw, o + 33);
+        if (nl + tl + dl + HDR + CRC != ln) bad(seq, "lengths inconsistent with frame_len");
+        if (ts != tss[i]) {
+            throw new FrameCorruptException(p.topic, idxPath, seq, ".idx ts differs from the frame's ts");
+        }
+        int nodeAt = o + HDR, tagAt = nodeAt + nl, payAt = tagAt + tl;
+        int dataAt = payAt, dataLen = (int) dl;
+
+        cols[0].putByteArray(row, topicUtf8, 0, topicUtf8.length);
+        cols[1].putLong(row, seq);
+        cols[2].putLong(row, ts * 1000L); // timestamps are µs in Spark, ms on disk
+        putText(cols[3], row, raw, tagAt, tl, (flags & F_HAS_TAG) != 0, seq, "tag");
+        putText(cols[4], row, raw, nodeAt, nl, (flags & F_HAS_NODE) != 0, seq, "node");
+        if ((flags & F_HAS_META) != 0) {
+            long ml = dl >= 4 ? Xxh3.r32(raw, payAt) : -1;
+            if (ml < 0 || ml + 4 > dl) bad(seq, "meta_len inconsistent with data_len");
+            putText(cols[5], row, raw, payAt + 4, (int) ml, true, seq, "meta");
+            dataAt = payAt + 4 + (int) ml;
+            dataLen = (int) (dl - 4 - ml);
+        } else {
+            cols[5].putNull(row);
+        }
+        if (json && !Utf8.valid(raw, dataAt, dataLen)) bad(seq, "data not UTF-8");
+        cols[6].putByteArray(row, raw, dataAt, dataLen);
+    }
+
+    private void putText(OnHeapColumnVector c, int row, byte[] raw, int at, int len, boolean present,
+                         long seq, String what) {
+        if (!present) {
+            if (len != 0) bad(seq, "node/tag length without its flag");
+            c.putNull(row);
+            return;
+        }
+        if (!Utf8.valid(raw, at, len)) bad(seq, what + " not UTF-8");
+        c.putByteArray(row, raw, at, len);
+    }
+
+    private void bad(long seq, String why) {
+        throw new FrameCorruptException(p.topic, dataPath, seq, why);
+    }
+
+    @Override
+    public ColumnarBatch get() {
+        return batch;
+    }
+
+    @Override
+    public void close() throws IOException {
+        try {
+            data.close();
+        } finally {
+            batch.close();
+        }
+    }
+}
