@@ -39,17 +39,18 @@ ENV = {"TOPICS_SEGMENT_MAX_EVENTS": "50", "TOPICS_WAL_SHARDS": "2", "TOPICS_HOT_
 TOPICS = ["orders", "capped", "plain"]
 
 
-def check_xxh3(tmp: Path) -> None:
-    vec = tmp / "xxh3.txt"
-    subprocess.run([sys.executable, str(HERE / "xxh3_vectors.py"), str(vec)], check=True)
+def check_vectors(tmp: Path, gen: str, main: str) -> None:
+    """Vectors from Python (`gen`) checked by a Java main of build/test-classes."""
+    vec = tmp / (gen + ".txt")
+    subprocess.run([sys.executable, str(HERE / gen), str(vec)], check=True, stdout=subprocess.DEVNULL)
     r = subprocess.run(
         ["java", "-cp", f"{HERE / 'build' / 'test-classes'}:{HERE / 'build' / 'classes'}",
-         "topics.jvm.Xxh3Check", str(vec)],
+         main, str(vec)],
         capture_output=True, text=True,
     )
     print(r.stdout.strip())
     if r.returncode != 0:
-        raise SystemExit("FAIL: xxh3 vectors")
+        raise SystemExit(f"FAIL: {main}")
 
 
 def make_history(tmp: Path) -> tuple[Path, Path]:
@@ -118,6 +119,32 @@ def compare(spark, data: Path, cold: Path, tmp: Path, value_format: str) -> bool
     return ok
 
 
+def moved(spark, data: Path, cold: Path, tmp: Path) -> bool:
+    """A segment whose listed copy is gone after planning is read from the other tier."""
+    from topics.spark.segments import load_offline
+
+    copy = tmp / "moved"
+    shutil.copytree(data, copy / "data")
+    shutil.copytree(cold, copy / "cold")
+    plan = tmp / "plan-moved.json"
+    write_plan(str(plan), str(copy / "data"), str(copy / "cold"), ["orders"], "json")
+    # The first sealed segment of "orders" is in both tiers; the hot copy is listed.
+    seg = load_offline(str(copy / "data"), str(copy / "cold"))["orders"].cat.segments[0]
+    hot = [Path(seg.data_path), Path(seg.idx_path)]
+    if not all(p.is_relative_to(copy / "data") and p.exists() for p in hot):
+        print("moved segment: FAIL: expected the first segment of orders in the hot tier")
+        return False
+    before = spark.read.format("topics-jvm").option("plan", str(plan)).load()
+    rows = sorted(before.collect())
+    for p in hot:
+        p.unlink()
+    after = sorted(spark.read.format("topics-jvm").option("plan", str(plan)).load().collect())
+    ok = rows == after and len(rows) > 0
+    print(f"moved segment (hot copy removed after planning, cold copy read): {len(after)} rows -> "
+          f"{'OK' if ok else 'FAIL'}")
+    return ok
+
+
 def damaged(spark, data: Path, cold: Path, tmp: Path) -> bool:
     from topics.spark.segments import load_offline
 
@@ -137,8 +164,9 @@ def damaged(spark, data: Path, cold: Path, tmp: Path) -> bool:
     except Exception as e:  # noqa: BLE001 - py4j wraps the JVM error
         text = str(e)
         line = next((ln for ln in text.splitlines() if "FrameCorruptException" in ln), "")
+        line = line[line.find("topics.jvm.FrameCorruptException") :]
         ok = "topic plain" in line and seg.data_path in line and "checksum mismatch" in line
-        print(f"damaged frame: {'OK' if ok else 'FAIL'}: {line.strip()[:300]}")
+        print(f"damaged frame: {'OK' if ok else 'FAIL'}: {line.strip()[:400]}")
         return ok
     print("damaged frame: FAIL: the read succeeded")
     return False
@@ -149,7 +177,8 @@ def main() -> None:
         raise SystemExit(f"{JAR} missing: run spark-jvm/build.sh first")
     with tempfile.TemporaryDirectory(prefix="topics-jvm-smoke-") as t:
         tmp = Path(t)
-        check_xxh3(tmp)
+        check_vectors(tmp, "xxh3_vectors.py", "topics.jvm.Xxh3Check")
+        check_vectors(tmp, "utf8_vectors.py", "topics.jvm.Utf8Check")
         data, cold = make_history(tmp)
         from topics.spark.session import local_session
 
@@ -159,6 +188,7 @@ def main() -> None:
             ok = all([
                 compare(spark, data, cold, tmp, "json"),
                 compare(spark, data, cold, tmp, "binary"),
+                moved(spark, data, cold, tmp),
                 damaged(spark, data, cold, tmp),
             ])
         finally:
