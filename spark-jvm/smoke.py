@@ -10,14 +10,18 @@ Usage (from the repo root, venv on PATH, PYTHONPATH=src):
 3. For value formats json and binary: a plan from the Python planner
    (load_offline + plan_slices), read with format "topics-jvm", compared with the
    Python source's offline read of the same data (exceptAll both ways empty).
-4. A damaged frame (one payload byte flipped in a copy) must fail the read with
-   an error naming the topic, the segment file and the seq.
+   Also a pruned select of three columns in another order.
+4. A segment whose listed copy is removed after planning is read from the other tier.
+5. A damaged frame (one payload byte flipped in a copy) must fail the read (a
+   count(), so with every column pruned) with an error naming the topic, the
+   segment file and the seq.
 Exits non-zero on any failure.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -109,10 +113,17 @@ def compare(spark, data: Path, cold: Path, tmp: Path, value_format: str) -> bool
     same_schema = jvm.schema == py.schema
     a, b = jvm.exceptAll(py).count(), py.exceptAll(jvm).count()
     cj, cp = jvm.count(), py.count()
-    ok = same_schema and a == 0 and b == 0 and cj == cp and cj > 0
+    # Column pruning: a subset, in another order, must equal the same subset of the Python read.
+    cols = ["data", "seq", "tag"]
+    pa_, pb_ = jvm.select(*cols).exceptAll(py.select(*cols)).count(), py.select(*cols).exceptAll(jvm.select(*cols)).count()
+    plan_text = jvm.select(*cols)._jdf.queryExecution().executedPlan().toString()
+    scanned = re.search(r"BatchScan topics-jvm\(.*?\)\[(.*?)\]", plan_text)
+    pruned = scanned is not None and [c.split("#")[0] for c in scanned.group(1).split(", ")] == ["seq", "tag", "data"]
+    ok = same_schema and a == 0 and b == 0 and cj == cp and cj > 0 and pa_ == 0 and pb_ == 0 and pruned
     print(
         f"value_format={value_format}: {n} partitions, jvm rows={cj}, python rows={cp}, "
-        f"schema equal={same_schema}, jvm-python={a}, python-jvm={b} -> {'OK' if ok else 'FAIL'}"
+        f"schema equal={same_schema}, jvm-python={a}, python-jvm={b}, "
+        f"pruned select {cols} (pruned in plan={pruned}) differences={pa_}+{pb_} -> {'OK' if ok else 'FAIL'}"
     )
     if not same_schema:
         print("  jvm schema:", jvm.schema.simpleString(), "\n  py schema: ", py.schema.simpleString())

@@ -69,8 +69,17 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
     private int next; // first kept entry not yet returned
 
     private final OnHeapColumnVector[] cols;
+    /** Vector of each source column (topic, seq, ts, tag, node, meta, data), null when pruned. */
+    private final OnHeapColumnVector[] out = new OnHeapColumnVector[COLUMNS.length];
     private final ColumnarBatch batch;
 
+    /** The source columns, in schema order. */
+    static final String[] COLUMNS = {"topic", "seq", "ts", "tag", "node", "meta", "data"};
+
+    /**
+     * @param schema the columns to produce (a subset of the source schema, any order);
+     *               every frame is verified whatever the subset
+     */
     SegmentReader(SegmentPartition p, StructType schema, boolean json) {
         this.p = p;
         this.json = json;
@@ -93,6 +102,9 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
             throw new UncheckedIOException(e);
         }
         cols = OnHeapColumnVector.allocateColumns(BATCH_ROWS, schema);
+        for (int i = 0; i < cols.length; i++) {
+            out[Arrays.asList(COLUMNS).indexOf(schema.fields()[i].name())] = cols[i];
+        }
         batch = new ColumnarBatch(cols);
     }
 
@@ -205,33 +217,34 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
         int nodeAt = o + HDR, tagAt = nodeAt + nl, payAt = tagAt + tl;
         int dataAt = payAt, dataLen = (int) dl;
 
-        cols[0].putByteArray(row, topicUtf8, 0, topicUtf8.length);
-        cols[1].putLong(row, seq);
-        cols[2].putLong(row, ts * 1000L); // timestamps are µs in Spark, ms on disk
-        putText(cols[3], row, raw, tagAt, tl, (flags & F_HAS_TAG) != 0, seq, "tag");
-        putText(cols[4], row, raw, nodeAt, nl, (flags & F_HAS_NODE) != 0, seq, "node");
+        if (out[0] != null) out[0].putByteArray(row, topicUtf8, 0, topicUtf8.length);
+        if (out[1] != null) out[1].putLong(row, seq);
+        if (out[2] != null) out[2].putLong(row, ts * 1000L); // timestamps are µs in Spark, ms on disk
+        putText(out[3], row, raw, tagAt, tl, (flags & F_HAS_TAG) != 0, seq, "tag");
+        putText(out[4], row, raw, nodeAt, nl, (flags & F_HAS_NODE) != 0, seq, "node");
         if ((flags & F_HAS_META) != 0) {
             long ml = dl >= 4 ? Xxh3.r32(raw, payAt) : -1;
             if (ml < 0 || ml + 4 > dl) bad(seq, "meta_len inconsistent with data_len");
-            putText(cols[5], row, raw, payAt + 4, (int) ml, true, seq, "meta");
+            putText(out[5], row, raw, payAt + 4, (int) ml, true, seq, "meta");
             dataAt = payAt + 4 + (int) ml;
             dataLen = (int) (dl - 4 - ml);
         } else {
-            cols[5].putNull(row);
+            if (out[5] != null) out[5].putNull(row);
         }
         if (json && !Utf8.valid(raw, dataAt, dataLen)) bad(seq, "data not UTF-8");
-        cols[6].putByteArray(row, raw, dataAt, dataLen);
+        if (out[6] != null) out[6].putByteArray(row, raw, dataAt, dataLen);
     }
 
+    /** Checks a node, tag or meta field and stores it in {@code c} (null: column pruned). */
     private void putText(OnHeapColumnVector c, int row, byte[] raw, int at, int len, boolean present,
                          long seq, String what) {
         if (!present) {
             if (len != 0) bad(seq, "node/tag length without its flag");
-            c.putNull(row);
+            if (c != null) c.putNull(row);
             return;
         }
         if (!Utf8.valid(raw, at, len)) bad(seq, what + " not UTF-8");
-        c.putByteArray(row, raw, at, len);
+        if (c != null) c.putByteArray(row, raw, at, len);
     }
 
     private void bad(long seq, String why) {

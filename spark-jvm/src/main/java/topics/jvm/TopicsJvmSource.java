@@ -15,8 +15,10 @@ import org.apache.spark.sql.connector.read.PartitionReader;
 import org.apache.spark.sql.connector.read.PartitionReaderFactory;
 import org.apache.spark.sql.connector.read.Scan;
 import org.apache.spark.sql.connector.read.ScanBuilder;
+import org.apache.spark.sql.connector.read.SupportsPushDownRequiredColumns;
 import org.apache.spark.sql.sources.DataSourceRegister;
 import org.apache.spark.sql.types.DataTypes;
+import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.util.CaseInsensitiveStringMap;
 import org.apache.spark.sql.vectorized.ColumnarBatch;
@@ -96,21 +98,49 @@ public final class TopicsJvmSource implements TableProvider, DataSourceRegister 
 
         @Override
         public ScanBuilder newScanBuilder(CaseInsensitiveStringMap options) {
-            return () -> new PlanScan(path);
+            return new PlanScanBuilder(path, schema);
+        }
+    }
+
+    /** Takes the columns the query needs (column pruning); filters are not pushed yet. */
+    static final class PlanScanBuilder implements ScanBuilder, SupportsPushDownRequiredColumns {
+        private final String path;
+        private StructType required;
+
+        PlanScanBuilder(String path, StructType schema) {
+            this.path = path;
+            this.required = schema;
+        }
+
+        @Override
+        public void pruneColumns(StructType requiredSchema) {
+            // Keep the source's own fields (and their order) that the query asks for.
+            StructType kept = new StructType();
+            for (StructField f : required.fields()) {
+                if (requiredSchema.getFieldIndex(f.name()).isDefined()) kept = kept.add(f);
+            }
+            required = kept;
+        }
+
+        @Override
+        public Scan build() {
+            return new PlanScan(path, required);
         }
     }
 
     /** The scan: the plan file is read once, on the driver. */
     static final class PlanScan implements Scan, Batch {
         private final Plan plan;
+        private final StructType required;
 
-        PlanScan(String path) {
+        PlanScan(String path, StructType required) {
             this.plan = Plan.load(path);
+            this.required = required;
         }
 
         @Override
         public StructType readSchema() {
-            return schema(plan.valueFormat);
+            return required;
         }
 
         @Override
@@ -130,7 +160,7 @@ public final class TopicsJvmSource implements TableProvider, DataSourceRegister 
 
         @Override
         public PartitionReaderFactory createReaderFactory() {
-            return new ReaderFactory(plan.valueFormat);
+            return new ReaderFactory(plan.valueFormat, required);
         }
     }
 
@@ -138,9 +168,11 @@ public final class TopicsJvmSource implements TableProvider, DataSourceRegister 
     static final class ReaderFactory implements PartitionReaderFactory {
         private static final long serialVersionUID = 1L;
         private final String valueFormat;
+        private final StructType required;
 
-        ReaderFactory(String valueFormat) {
+        ReaderFactory(String valueFormat, StructType required) {
             this.valueFormat = valueFormat;
+            this.required = required;
         }
 
         @Override
@@ -150,7 +182,7 @@ public final class TopicsJvmSource implements TableProvider, DataSourceRegister 
 
         @Override
         public PartitionReader<ColumnarBatch> createColumnarReader(InputPartition partition) {
-            return new SegmentReader((SegmentPartition) partition, schema(valueFormat), "json".equals(valueFormat));
+            return new SegmentReader((SegmentPartition) partition, required, "json".equals(valueFormat));
         }
 
         @Override
