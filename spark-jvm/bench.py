@@ -37,11 +37,23 @@ def main() -> None:
         try:
             with client(srv) as c:
                 for b in range(0, n, 5000):
-                    write(c, "bench", [
-                        {"data": {"i": i, "sku": f"S-{i % 97}", "qty": i % 13, "note": "abcdefgh"},
-                         "tag": f"t{i % 5}", "node": f"gw-{i % 3}"}
-                        for i in range(b, min(n, b + 5000))
-                    ])
+                    write(
+                        c,
+                        "bench",
+                        [
+                            {
+                                "data": {
+                                    "i": i,
+                                    "sku": f"S-{i % 97}",
+                                    "qty": i % 13,
+                                    "note": "abcdefgh",
+                                },
+                                "tag": f"t{i % 5}",
+                                "node": f"gw-{i % 3}",
+                            }
+                            for i in range(b, min(n, b + 5000))
+                        ],
+                    )
         finally:
             assert srv.stop() == 0
         print(f"wrote {n} records in {time.monotonic() - t0:.1f}s")
@@ -57,9 +69,15 @@ def main() -> None:
         spark.sparkContext.setLogLevel("ERROR")
         try:
             srcs = {
-                "topics-jvm": lambda: spark.read.format("topics-jvm").option("plan", str(plan)).load(),
-                "topics (python)": lambda: spark.read.format("topics").option("path", str(data))
-                .option("topics", "bench").load(),
+                "topics-jvm": lambda: (
+                    spark.read.format("topics-jvm").option("plan", str(plan)).load()
+                ),
+                "topics (python)": lambda: (
+                    spark.read.format("topics")
+                    .option("path", str(data))
+                    .option("topics", "bench")
+                    .load()
+                ),
             }
             for name, df in srcs.items():
                 assert df().count() == n, name
@@ -68,8 +86,10 @@ def main() -> None:
                     t1 = time.monotonic()
                     df().write.format("noop").mode("overwrite").save()
                     times.append(time.monotonic() - t1)
-                print(f"{name}: {parts} partitions, best {n / min(times) / 1e6:.2f} M rows/s, "
-                      f"median {n / statistics.median(times) / 1e6:.2f} M rows/s")
+                print(
+                    f"{name}: {parts} partitions, best {n / min(times) / 1e6:.2f} M rows/s, "
+                    f"median {n / statistics.median(times) / 1e6:.2f} M rows/s"
+                )
         finally:
             spark.stop()
 

@@ -43,7 +43,10 @@ def write_plan(
     offline = load_offline(data_dir, cold_dir)
     names = list(topics) if topics is not None else sorted(offline)
     slices = plan_slices(offline, {t: Bounds() for t in names}, data_dir, cold_dir)
-    body = {"value_format": value_format, "partitions": [slice_entry(s, value_format) for s in slices]}
+    body = {
+        "value_format": value_format,
+        "partitions": [slice_entry(s, value_format) for s in slices],
+    }
     with open(path, "w") as f:
         json.dump(body, f, indent=1)
     return len(slices)
