@@ -6,7 +6,7 @@ package topics.jvm;
  * {@code xxhash.xxh3_64_intdigest}).
  *
  * <p>Written from the published description of the algorithm. Inputs are split by
- * length into five cases (0, 1-3, 4-8, 9-16, 17-128, 129-240, and longer); each is
+ * length into seven cases (0, 1-3, 4-8, 9-16, 17-128, 129-240, and longer); each is
  * a handful of 64-bit multiplies and xor-shifts over little-endian words of the
  * input and of the secret. All arithmetic is unsigned 64-bit, which Java's
  * wrapping {@code long} gives for +, *, ^ and {@code >>>}.
