@@ -372,3 +372,28 @@ def test_the_client_library_is_imported_lazily() -> None:
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)
+
+
+def test_a_listing_saves_the_heads_of_later_opens(endpoint: str, proxy: CountingProxy) -> None:
+    """A planner lists a topic's prefix, then opens each part: the LIST gave the sizes,
+    so the opens send no HEAD, only the ranged GETs of what is read."""
+    writer = fresh(endpoint)
+    for first in (1, 11, 21):
+        writer.put(first, b"d" * (100 + first), b"i" * 20)
+    reader = ObjectColdRoot(
+        f"s3://{BUCKET}/cold/",
+        cache=RangeCache(1 << 20),
+        config={"endpoint": proxy.url},
+    )
+    fs = reader.fs
+    topic_url = writer.url
+    proxy.reset()
+    names = fs.listdir(topic_url)
+    assert len(names) == 6
+    sizes = [fs.open(f"{topic_url}/{n}").size() for n in names if n.endswith(".data")]
+    assert sizes == [101, 111, 121]
+    f = fs.open(f"{topic_url}/seg-{11:016d}.data")
+    assert f.pread(20, 100) == b"d" * 11  # short at the end of the object
+    methods = [r.split()[0] for r in proxy.requests()]
+    assert "HEAD" not in methods, methods
+    assert methods.count("GET") >= 2  # the LIST, then the ranged read

@@ -445,6 +445,10 @@ class ObjectSegmentStore:
         self._sizes[(id, part.value)] = size
         return size
 
+    def remember_size(self, id: SegmentId, part: SegmentPart, size: int) -> None:
+        """Keep the size of one part, as a LIST reported it (saves the HEAD of a later open)."""
+        self._sizes[(id, part.value)] = size
+
     def _forget(self, id: SegmentId) -> None:
         for part in SegmentPart:
             self._sizes.pop((id, part.value), None)
@@ -745,6 +749,14 @@ class ObjectFs:
         )
         files = [str(m["path"]).rsplit("/", 1)[-1] for m in got["objects"]]
         dirs = [str(p).rstrip("/").rsplit("/", 1)[-1] for p in got["common_prefixes"]]
+        # The LIST already gave each segment part's size: opening one later then
+        # needs no HEAD (a planner listing a big archive makes one request, not one
+        # per segment).
+        for m in got["objects"]:
+            seg = _SEG_KEY_RE.match(str(m["path"]))
+            if seg is not None:
+                st = self.root.store(int(seg.group(1), 16))
+                st.remember_size(int(seg.group(2)), SegmentPart(seg.group(3)), int(m["size"]))
         return files, dirs
 
     def listdir(self, path: str) -> list[str]:
