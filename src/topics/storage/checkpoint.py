@@ -58,6 +58,7 @@ from topics.errors import TopicsError
 from topics.format.frame import FrameBuf, encode_record
 from topics.storage.fs import Fs, read_file
 from topics.storage.meta import capture_meta
+from topics.storage.objstore import is_object_url
 from topics.storage.segment import SegmentWriter, segment_blob, segment_paths, topic_dir
 from topics.storage.segstore import SegmentPart, Tier
 from topics.storage.snapshot import (
@@ -74,7 +75,6 @@ from topics.storage.topicstore import (
     flip_deleted,
     flip_deleted_in,
     install_rewrite,
-    is_object_url,
     plan_rewrite,
     replace_idx,
     retire_topic_dir,

@@ -24,8 +24,8 @@ from topics.engine.core import Engine
 from topics.storage.checkpoint import CheckpointConfig, Checkpointer, CheckpointFailed
 from topics.storage.fs import Fs
 from topics.storage.journal import WalJournal
+from topics.storage.objstore import is_object_url
 from topics.storage.recovery import RecoveryReport, recover_async
-from topics.storage.topicstore import is_object_url
 
 __all__ = ["StorageConfig", "Storage"]
 

@@ -61,6 +61,8 @@ from topics.format.idx import (
 )
 from topics.storage.fs import File, Fs, read_file, write_all, write_file
 from topics.storage.iogate import READ_PIECE_BYTES, io_gate
+from topics.storage.objstore import cold_root as object_root
+from topics.storage.objstore import is_object_url
 from topics.storage.segment import (
     IDX_ENTRY_SIZE,
     SegmentPaths,
@@ -89,7 +91,6 @@ __all__ = [
     "RELIES_ON_NOTHING",
     "load_topic",
     "cold_store",
-    "is_object_url",
     "flip_deleted",
     "flip_deleted_in",
     "replace_idx",
@@ -484,15 +485,8 @@ def cold_store(fs: Fs, cold_root: str | None, topic_id: int) -> SegmentStore | N
     if not cold_root:
         return None
     if is_object_url(cold_root):
-        from topics.storage.objstore import cold_root as object_root
-
         return object_root(cold_root).store(topic_id)
     return LocalSegmentStore(fs, topic_dir(cold_root, topic_id))
-
-
-def is_object_url(value: str) -> bool:
-    """Whether a cold root names an object store (`s3://...`) rather than a directory."""
-    return value.startswith("s3://")
 
 
 @dataclass
