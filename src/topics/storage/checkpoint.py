@@ -938,9 +938,16 @@ class Checkpointer:
 
     def _topic_files(self, p: _Plan, r: _Result, now: int, report: CheckpointReport) -> None:
         self._topic_segments(p, r, now, report)
-        self._reclaim(p, r, report)
+        # Sealed hot segments beyond hot retention: relocation moves them, so reclaim
+        # leaves them alone (their copy is made from the bytes as they are).
+        moving = (
+            self._relocation_candidates(p.store)
+            if self.relocator is not None and p.store.tier.cold is not None
+            else []
+        )
+        self._reclaim(p, r, report, {g.first_seq for g in moving})
         if self.relocator is not None and p.store.tier.cold is not None:
-            self._relocate(p.store, r, report)
+            self._relocate(p.store, moving, r, report)
 
     def _reclaim_take(self, nbytes: int) -> bool:
         """Take `nbytes` of this cycle's rewrite budget; False when it is spent."""
@@ -950,7 +957,7 @@ class Checkpointer:
             self._reclaim_left -= nbytes
             return True
 
-    def _reclaim(self, p: _Plan, r: _Result, report: CheckpointReport) -> None:
+    def _reclaim(self, p: _Plan, r: _Result, report: CheckpointReport, moving: set[int]) -> None:
         """Rewrite sealed hot segments whose deleted records hold their bytes.
 
         A segment qualifies once deleted entries that are not yet holes make up
@@ -958,16 +965,10 @@ class Checkpointer:
         deleted one is dropped instead). Each cycle rewrites at most
         :data:`RECLAIM_BYTES_PER_CYCLE` bytes of segments; the rest wait for the
         next. The rewrite keeps every entry, so the snapshot's view of the
-        segment does not change (docs/FORMATS.md, "Reclaim").
+        segment does not change (docs/FORMATS.md, "Reclaim"). Segments in
+        `moving` (first seqs) are about to go to the cold tier and are skipped.
         """
         store = p.store
-        # Segments about to move to the cold tier are not rewritten: their copy is
-        # made (or being made) from the bytes as they are.
-        moving = (
-            {g.first_seq for g in self._relocation_candidates(store)}
-            if self.relocator is not None and store.tier.cold is not None
-            else set()
-        )
         for seg in store.segs:
             if not seg.sealed or seg.tier is not Tier.HOT or seg.deleted >= seg.count:
                 continue
@@ -1008,8 +1009,10 @@ class Checkpointer:
             keep = n
         return hot[: len(hot) - keep]
 
-    def _relocate(self, store: TopicStore, r: _Result, report: CheckpointReport) -> None:
-        """Commit finished copies of segments beyond hot retention, queue the others.
+    def _relocate(
+        self, store: TopicStore, cands: list[SegMeta], r: _Result, report: CheckpointReport
+    ) -> None:
+        """Commit finished copies of `cands` (beyond hot retention), queue the others.
 
         Committing flips the segment's tier to COLD (the snapshot written after
         this lists it there); its readers move to the cold copy on the loop
@@ -1021,7 +1024,6 @@ class Checkpointer:
         cold = store.tier.cold
         assert relocator is not None and cold is not None
         hot = store.tier.hot
-        cands = self._relocation_candidates(store)
         for seg in cands:
             copied = relocator.take(store.topic_id, seg.first_seq)
             if copied is None:
