@@ -1273,15 +1273,12 @@ class Checkpointer:
                 # old file) goes (docs/FORMATS.md, "Reclaim").
                 old = t.sources.get(seg.loc)
                 if live and seg.loc in t.sources:
-                    idx = t.index
-                    lo = max(seg.first_seq, idx.base_seq)
-                    hi = min(seg.last_seq, idx.end_seq)
-                    if lo <= hi:
-                        w = idx.window(lo - idx.base_seq, hi - lo + 1)
-                        k = lo - seg.first_seq
+                    got = _slots(t, seg.first_seq, seg.last_seq)
+                    if got is not None:
+                        w, k = got
                         mine = w["loc"] == seg.loc
-                        w["offset"][mine] = offs[k : k + hi - lo + 1][mine]
-                        w["len"][mine] = lens[k : k + hi - lo + 1][mine]
+                        w["offset"][mine] = offs[k : k + len(w)][mine]
+                        w["len"][mine] = lens[k : k + len(w)][mine]
                     t.sources[seg.loc] = r.plan.store.source(seg)
                 if isinstance(old, SegmentSource):
                     old.close()
@@ -1302,19 +1299,27 @@ class Checkpointer:
                 continue
             p = r.plan
             last = p.first + len(p.rows) - 1
-            idx = t.index
-            lo = max(p.first, idx.base_seq)
-            hi = min(last, idx.end_seq)
-            if lo <= hi:
-                w = idx.window(lo - idx.base_seq, hi - lo + 1)
-                k = lo - p.first
-                m = hi - lo + 1
+            got = _slots(t, p.first, last)
+            if got is not None:
+                w, k = got
+                m = len(w)
                 w["loc"] = r.locs[k : k + m]
                 w["offset"] = r.offs[k : k + m]  # type: ignore[index]
                 w["len"] = r.lens[k : k + m]  # type: ignore[index]
             t.ckpt_seq = max(t.ckpt_seq, last)
             t.free_chunks()
         return failed
+
+
+def _slots(t: Topic, first: int, last: int) -> tuple[SlotArray, int] | None:
+    """The slots of seqs `first..last` still in `t`'s index (a writable view) and the
+    position of its first one in that range, or None when none are left."""
+    idx = t.index
+    lo = max(first, idx.base_seq)
+    hi = min(last, idx.end_seq)
+    if lo > hi:
+        return None
+    return idx.window(lo - idx.base_seq, hi - lo + 1), lo - first
 
 
 def _ranges(seqs: list[int]) -> list[list[int]]:
