@@ -593,28 +593,18 @@ def schemas() -> J:
         closed=False,
     )
     skipped = {"type": "array", "items": SEQ, "description": "seqs not matched, in order"}
-    s["AckResult"] = obj(
-        {
-            "topic": ref("TopicName"),
-            "acked": u64(),
-            "skipped": skipped,
-            "ready": u64(),
-            "in_flight": u64(),
-            "performance": ref("Performance"),
-        },
-        ("topic", "acked", "skipped", "ready", "in_flight", "performance"),
-    )
-    s["NackResult"] = obj(
-        {
-            "topic": ref("TopicName"),
-            "nacked": u64(),
-            "skipped": skipped,
-            "ready": u64(),
-            "in_flight": u64(),
-            "performance": ref("Performance"),
-        },
-        ("topic", "nacked", "skipped", "ready", "in_flight", "performance"),
-    )
+    for name, done in (("AckResult", "acked"), ("NackResult", "nacked")):
+        s[name] = obj(
+            {
+                "topic": ref("TopicName"),
+                done: u64(),
+                "skipped": skipped,
+                "ready": u64(),
+                "in_flight": u64(),
+                "performance": ref("Performance"),
+            },
+            ("topic", done, "skipped", "ready", "in_flight", "performance"),
+        )
     s["ExtendResult"] = obj(
         {
             "topic": ref("TopicName"),
