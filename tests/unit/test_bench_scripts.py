@@ -297,7 +297,8 @@ def test_bench_peers_quick_topics_alone(tmp_path: Path) -> None:
     }
     runs = report["runs"]
     assert {r["system"] for r in runs} == {"topics"}
-    assert not [r for r in runs if "error" in r]
+    failed = [(run["workload"], run["class"], run["error"]) for run in runs if "error" in run]
+    assert not failed, (failed, r.stderr[-3000:])
     done = {(r["workload"], r["class"]) for r in runs}
     assert done == {
         ("ingest", "durable"),
