@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from topics.spark.jvm import add_jar, jar_path
 from topics.spark.segments import DDL_SCHEMA
 
-__all__ = ["DDL_SCHEMA", "TopicsDataSource", "register"]
+__all__ = ["DDL_SCHEMA", "TopicsDataSource", "add_jar", "jar_path", "local_session", "register"]
 
 
 def __getattr__(name: str) -> Any:
@@ -26,6 +27,10 @@ def __getattr__(name: str) -> Any:
         from topics.spark.source import TopicsDataSource
 
         return TopicsDataSource
+    if name == "local_session":
+        from topics.spark.session import local_session
+
+        return local_session
     raise AttributeError(name)
 
 

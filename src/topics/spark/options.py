@@ -41,12 +41,15 @@ __all__ = [
     "parse_choice",
     "TopicSelector",
     "VALUE_FORMATS",
+    "READERS",
 ]
 
 EARLIEST = -2
 LATEST = -1
 
 VALUE_FORMATS = ("json", "binary")
+#: Option `reader`: which reader runs an offline read (docs/SPARK.md, "Two readers").
+READERS = ("auto", "jvm", "python")
 
 
 class OptionError(ValueError):
@@ -240,7 +243,7 @@ def get(options: Mapping[str, str], name: str) -> str | None:
 
 # -- which options apply where (docs/SPARK.md, "Options") -------------------------
 
-_READS = ("topics", "topic", "topicPattern", "startingSeq", "valueFormat")
+_READS = ("topics", "topic", "topicPattern", "startingSeq", "valueFormat", "reader")
 _SERVER = ("url", "token", "timeoutMs")
 #: The options each use of the source takes, by mode.
 MODES: dict[str, tuple[str, ...]] = {

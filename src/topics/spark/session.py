@@ -8,11 +8,14 @@ executor (`PYSPARK_PYTHON`).
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import Any
 
 __all__ = ["FAST_JVM_OPTIONS", "local_session"]
+
+log = logging.getLogger("topics.spark")
 
 #: C1-only JIT and the serial GC: on a 2-core machine this roughly halves the JVM's
 #: CPU use at start (measured in the feasibility notes).
@@ -29,12 +32,24 @@ def local_session(
 
     Sets `PYSPARK_PYTHON`/`PYSPARK_DRIVER_PYTHON` to this interpreter (so the
     Python workers import the same packages) and `SPARK_LOCAL_IP=127.0.0.1`
-    unless already set, enables Python filter pushdown and registers the
-    `topics` format explicitly (harmless when auto-registration already did).
+    unless already set, enables Python filter pushdown, puts the JVM reader's
+    jar in `spark.jars` (docs/SPARK.md, "Two readers"; when the install has no
+    jar, one log line says offline reads use the Python reader) and registers
+    the `topics` format explicitly (harmless when auto-registration already did).
     `master` may be `local[N,F]` to let a failed task be retried `F - 1` times.
+    A `spark.jars` in `conf` is kept, with the reader's jar added.
     Returns the `pyspark.sql.SparkSession`.
     """
     from pyspark.sql import SparkSession
+
+    from topics.spark.jvm import NO_JAR, jar_path
+
+    conf = dict(conf or {})
+    jar = jar_path()
+    if jar is None:
+        log.warning(NO_JAR)
+    else:
+        conf["spark.jars"] = ",".join(j for j in (conf.get("spark.jars"), jar) if j)
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -52,7 +67,7 @@ def local_session(
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.python.filterPushdown.enabled", "true")
     )
-    for k, v in (conf or {}).items():
+    for k, v in conf.items():
         b = b.config(k, v)
     spark = b.getOrCreate()
     from topics.spark import register

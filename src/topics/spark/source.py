@@ -113,8 +113,18 @@ class TopicsDataSource(DataSource):
                 f"a user-given schema with columns {got} is not supported"
             )
 
+    def _check_reader(self) -> None:
+        """Option `reader=jvm` reaching this (Python) source: the session lacks the jar."""
+        if opt.parse_choice(self.options, "reader", "auto", opt.READERS) == "jvm":
+            raise OptionError(
+                "option reader=jvm: the JVM reader is not on this session (its jar is added "
+                "by topics.spark.local_session, spark.jars or topics.spark.add_jar; "
+                'docs/SPARK.md, "Two readers")'
+            )
+
     def reader(self, schema: StructType) -> DataSourceReader:
         self._check_schema(schema)
+        self._check_reader()
         path = opt.get(self.options, "path")
         url = opt.get(self.options, "url")
         if path and url:
@@ -134,6 +144,7 @@ class TopicsDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         self._check_schema(schema)
+        self._check_reader()
         if opt.get(self.options, "path"):
             raise OptionError(
                 "streaming reads go through a server: set the option url instead of path"

@@ -9,7 +9,7 @@ import java.util.Arrays;
 import java.util.List;
 
 /**
- * A read plan handed over by the Python planner as a JSON file:
+ * A read plan handed over by the Python planner ({@link Planner}, or a JSON file):
  *
  * <pre>
  * {"value_format": "json" | "binary",
@@ -37,6 +37,11 @@ public final class Plan {
         } catch (IOException e) {
             throw new IllegalArgumentException("cannot read the plan " + path + ": " + e.getMessage(), e);
         }
+        return parse(root, path);
+    }
+
+    /** The plan in `root`; `path` names it in errors. */
+    public static Plan parse(JsonNode root, String path) {
         JsonNode parts = root.isArray() ? root : root.path("partitions");
         if (!parts.isArray()) throw new IllegalArgumentException("plan " + path + " has no \"partitions\" list");
         String fmt = root.isObject() && root.hasNonNull("value_format") ? root.get("value_format").asText() : null;
@@ -64,7 +69,8 @@ public final class Plan {
                 req(p, "data_path", path).asText(),
                 req(p, "idx_path", path).asText(),
                 text(p, "alt_data_path"), text(p, "alt_idx_path"),
-                num(p, "ts_lo"), num(p, "ts_hi"), num(p, "keep_from_ts"), deleted));
+                num(p, "ts_lo"), num(p, "ts_hi"), num(p, "keep_from_ts"), deleted,
+                p.hasNonNull("data_dir") ? p.toString() : null));
         }
         if (fmt == null) fmt = "json";
         if (!fmt.equals("json") && !fmt.equals("binary")) {

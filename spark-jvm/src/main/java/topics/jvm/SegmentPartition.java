@@ -27,10 +27,13 @@ public final class SegmentPartition implements InputPartition, Serializable {
     public final Long keepFromTs;
     /** Seqs deleted per the snapshot whose `.idx` flag may not be written yet (sorted). */
     public final long[] deleted;
+    /** The plan entry as the planner wrote it (JSON), handed back to ask whether a segment
+     * gone from both tiers may be skipped; null for a plan made by hand. */
+    public final String entry;
 
     public SegmentPartition(String topic, long firstSeq, long lo, long hi, String dataPath, String idxPath,
                             String altDataPath, String altIdxPath, Long tsLo, Long tsHi, Long keepFromTs,
-                            long[] deleted) {
+                            long[] deleted, String entry) {
         this.topic = topic;
         this.firstSeq = firstSeq;
         this.lo = lo;
@@ -43,6 +46,7 @@ public final class SegmentPartition implements InputPartition, Serializable {
         this.tsHi = tsHi;
         this.keepFromTs = keepFromTs;
         this.deleted = deleted;
+        this.entry = entry;
     }
 
     @Override

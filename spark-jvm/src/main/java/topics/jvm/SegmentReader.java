@@ -12,6 +12,8 @@ import java.nio.file.NoSuchFileException;
 import java.nio.file.Path;
 import java.nio.file.StandardOpenOption;
 import java.util.Arrays;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import com.fasterxml.jackson.databind.node.ObjectNode;
 import org.apache.spark.sql.connector.read.PartitionReader;
 import org.apache.spark.sql.execution.vectorized.OnHeapColumnVector;
 import org.apache.spark.sql.types.StructType;
@@ -41,6 +43,7 @@ import org.apache.spark.sql.vectorized.ColumnarBatch;
  * {@link FrameCorruptException} naming the topic, the file and the seq.
  */
 final class SegmentReader implements PartitionReader<ColumnarBatch> {
+    private static final ObjectMapper JSON = new ObjectMapper();
     static final int IDX_ENTRY = 20;
     static final int HDR = 37;
     static final int CRC = 8;
@@ -92,15 +95,29 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
         }
         this.dataPath = dp;
         this.idxPath = ip;
+        FileChannel ch = null;
         try {
             readIdx();
-            this.data = FileChannel.open(Path.of(dp), StandardOpenOption.READ);
+            ch = FileChannel.open(Path.of(dp), StandardOpenOption.READ);
         } catch (NoSuchFileException e) {
-            throw new UncheckedIOException("topic " + p.topic + ": segment file gone since planning: "
-                + e.getFile(), e);
+            // Gone from both tiers since planning: skipped only when the newest snapshot
+            // no longer relies on it, as the Python reader decides (docs/SPARK.md, "Errors").
+            if (p.entry == null) {
+                throw new UncheckedIOException("topic " + p.topic + ": segment file gone since planning: "
+                    + e.getFile(), e);
+            }
+            ObjectNode req = JSON.createObjectNode().put("op", "gone");
+            try {
+                req.set("slice", JSON.readTree(p.entry));
+            } catch (IOException bad) {
+                throw new UncheckedIOException(bad);
+            }
+            Planner.ask(req); // throws the SegmentMissing the planner answers
+            kept = 0;
         } catch (IOException e) {
             throw new UncheckedIOException(e);
         }
+        this.data = ch;
         cols = OnHeapColumnVector.allocateColumns(BATCH_ROWS, schema);
         for (int i = 0; i < cols.length; i++) {
             out[Arrays.asList(COLUMNS).indexOf(schema.fields()[i].name())] = cols[i];
@@ -259,7 +276,7 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
     @Override
     public void close() throws IOException {
         try {
-            data.close();
+            if (data != null) data.close();
         } finally {
             batch.close();
         }
