@@ -25,9 +25,16 @@ from topics.spark.segments import load_offline
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
 
 
-def _read(spark: Any, h: History, data_dir: Path | None = None, **opts: str) -> Any:
+@pytest.fixture(params=["jvm", "python"])
+def reader(request: pytest.FixtureRequest) -> str:
+    """Each offline test runs with both readers (docs/SPARK.md, "Two readers")."""
+    return str(request.param)
+
+
+def _read(reader: str, spark: Any, h: History, data_dir: Path | None = None, **opts: str) -> Any:
     r = (
         spark.read.format("topics")
+        .option("reader", reader)
         .option("path", str(data_dir or h.data_dir))
         .option("coldDir", str(h.cold_dir if data_dir is None else data_dir.parent / "cold"))
     )
@@ -36,7 +43,7 @@ def _read(spark: Any, h: History, data_dir: Path | None = None, **opts: str) -> 
     return r.load()
 
 
-def test_offline_read_equals_engine_diff(spark: Any, history: History) -> None:
+def test_offline_read_equals_engine_diff(spark: Any, history: History, reader: str) -> None:
     h = history
     topics = load_offline(str(h.data_dir), str(h.cold_dir))
     # The data covers what the test means to cover: several segments, both tiers,
@@ -46,7 +53,7 @@ def test_offline_read_equals_engine_diff(spark: Any, history: History) -> None:
     assert topics["capped"].cat.earliest_seq == 381
     assert topics["orders"].cat.earliest_seq == 20
 
-    df = _read(spark, h, topicPattern=".*")
+    df = _read(reader, spark, h, topicPattern=".*")
     got = spark_rows(df)
     assert len(got) == len(set(got))  # no record twice
     want: set[Any] = set()
@@ -63,8 +70,8 @@ def test_offline_read_equals_engine_diff(spark: Any, history: History) -> None:
     assert df.rdd.getNumPartitions() == n_segments
 
 
-def test_value_format_binary_and_topic_list(spark: Any, history: History) -> None:
-    df = _read(spark, history, topics="plain,capped", valueFormat="binary")
+def test_value_format_binary_and_topic_list(spark: Any, history: History, reader: str) -> None:
+    df = _read(reader, spark, history, topics="plain,capped", valueFormat="binary")
     assert dict(df.dtypes)["data"] == "binary"
     rows = {(r["topic"], r["seq"]): r["data"] for r in df.collect()}
     assert len(rows) == len(history.diff["plain"]) + len(history.diff["capped"])
@@ -73,7 +80,7 @@ def test_value_format_binary_and_topic_list(spark: Any, history: History) -> Non
 
 
 def test_seq_pruning_reads_only_the_segments_it_must(
-    spark: Any, history: History, tmp_path: Path
+    spark: Any, history: History, reader: str, tmp_path: Path
 ) -> None:
     d = copy_tree(history.data_dir.parent, tmp_path / "h")
     data, cold = d / "data", d / "cold"
@@ -84,12 +91,15 @@ def test_seq_pruning_reads_only_the_segments_it_must(
     for s in segs:
         if s not in keep:
             corrupt_data(Path(s.data_path))
-    df = _read(spark, history, data, topics="orders", startingSeq=str(start), endingSeq=str(end))
+    df = _read(
+        reader, spark, history, data, topics="orders", startingSeq=str(start), endingSeq=str(end)
+    )
     assert df.rdd.getNumPartitions() == 2
     want = diff_rows("orders", [r for r in history.diff["orders"] if start <= r["$seq"] < end])
     assert set(spark_rows(df)) == want and want
     # The same bounds as a per-topic JSON object.
     df = _read(
+        reader,
         spark,
         history,
         data,
@@ -100,10 +110,12 @@ def test_seq_pruning_reads_only_the_segments_it_must(
     assert set(spark_rows(df)) == want
     # A read that covers a corrupted segment fails and names the problem.
     with pytest.raises(Exception, match="checksum mismatch|frame_len|lengths inconsistent"):
-        _read(spark, history, data, topics="orders").count()
+        _read(reader, spark, history, data, topics="orders").count()
 
 
-def test_timestamp_pruning_uses_the_idx_only(spark: Any, history: History, tmp_path: Path) -> None:
+def test_timestamp_pruning_uses_the_idx_only(
+    spark: Any, history: History, reader: str, tmp_path: Path
+) -> None:
     d = copy_tree(history.data_dir.parent, tmp_path / "h")
     data, cold = d / "data", d / "cold"
     topic = load_offline(str(data), str(cold))["timed"]
@@ -116,6 +128,7 @@ def test_timestamp_pruning_uses_the_idx_only(spark: Any, history: History, tmp_p
         if s.first_seq != 101:
             corrupt_data(Path(s.data_path))
     df = _read(
+        reader,
         spark,
         history,
         data,
@@ -129,13 +142,13 @@ def test_timestamp_pruning_uses_the_idx_only(spark: Any, history: History, tmp_p
     assert {r[2] for r in rows} == {ts[2]}
 
 
-def test_filter_pushdown_on_seq_ts_and_topic(spark: Any, history: History) -> None:
+def test_filter_pushdown_on_seq_ts_and_topic(spark: Any, history: History, reader: str) -> None:
     from pyspark.sql import functions as F
 
     h = history
 
     def load() -> Any:  # a fresh DataFrame per query: see docs/SPARK.md "Filter pushdown"
-        return _read(spark, h, topicPattern=".*", filterPushdown="true")
+        return _read(reader, spark, h, topicPattern=".*", filterPushdown="true")
 
     df = load().where((F.col("topic") == "timed") & F.col("seq").between(60, 140))
     assert df.rdd.getNumPartitions() == 2  # segments 51..100 and 101..150 only
@@ -151,7 +164,7 @@ def test_filter_pushdown_on_seq_ts_and_topic(spark: Any, history: History) -> No
     assert sorted(r["seq"] for r in df2.collect()) == sorted(r["seq"] for r in df.collect())
     assert sorted(r["seq"] for r in df2.collect()) == list(range(151, 251))
     # Without the option the source has no pushFilters and Spark filters after the scan.
-    plain = _read(spark, h, topicPattern=".*").where(F.col("topic") == "timed")
+    plain = _read(reader, spark, h, topicPattern=".*").where(F.col("topic") == "timed")
     assert plain.count() == 250
 
 
