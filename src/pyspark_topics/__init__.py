@@ -1,4 +1,4 @@
-"""Automatic registration of the `topics` format in every SparkSession (issue 4 §1).
+"""Automatic registration of the `topics` format in every SparkSession.
 
 Spark imports each importable top-level `pyspark_*` module at session start and
 registers its `DefaultSource`; this module only re-exports the real source from

@@ -1,4 +1,4 @@
-"""Issue 5 acceptance, per client: produce/consume, groups, restart, rebalance,
+"""The Kafka listener with real clients, per client: produce/consume, groups, restart, rebalance,
 idempotent retries, out-of-range after eviction (real Kafka clients from PyPI)."""
 
 from __future__ import annotations

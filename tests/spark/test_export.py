@@ -1,4 +1,4 @@
-"""`topics spark-export DATA_DIR --to parquet OUT` (issue 4 §5), read back with Spark."""
+"""`topics spark-export DATA_DIR --to parquet OUT`, read back with Spark."""
 
 from __future__ import annotations
 

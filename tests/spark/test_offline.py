@@ -1,4 +1,4 @@
-"""Offline batch reads of segment files through Spark (issue 4 §2)."""
+"""Offline batch reads of segment files through Spark (docs/SPARK.md, "Three ways to read")."""
 
 from __future__ import annotations
 

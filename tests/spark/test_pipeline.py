@@ -1,4 +1,4 @@
-"""The example pipeline (examples/orders_pipeline.py) end to end against a real server (issue 4 §5)."""
+"""The example pipeline (examples/orders_pipeline.py) end to end against a real server."""
 
 from __future__ import annotations
 

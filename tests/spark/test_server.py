@@ -1,4 +1,4 @@
-"""Reads and writes through a running server (issue 4 §3-§4): batch, stream, sink, data loss."""
+"""Reads and writes through a running server: batch, stream, sink, data loss."""
 
 from __future__ import annotations
 

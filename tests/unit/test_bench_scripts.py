@@ -1,4 +1,4 @@
-"""Smoke tests of bench/bench_invariant.py, bench/compare_revs.py and bench/bench_peers.py.
+"""Smoke tests of bench/bench_invariant.py, compare_revs.py, bench_peers.py and bench_spark.py.
 
 The unit tests check the scripts' own logic (which metric is worse, pooling, page-cache
 helpers). The e2e ones run each script once at its smallest size and check the shape of
@@ -21,6 +21,7 @@ sys.path.insert(0, str(BENCH))
 
 import bench_invariant  # noqa: E402
 import bench_peers  # noqa: E402
+import bench_spark  # noqa: E402
 import compare_revs  # noqa: E402
 
 
@@ -320,3 +321,55 @@ def test_bench_peers_quick_topics_alone(tmp_path: Path) -> None:
             assert r["records"] == report["params"]["sizes"]["history"]
         if r["workload"] == "restart":
             assert r["restart_s"] > 0
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.spark
+@pytest.mark.timeout(420)
+def test_bench_spark_smallest_run(tmp_path: Path) -> None:
+    """Two JVM presets (two child sessions), every read, both consumers, warm and cold."""
+    pytest.importorskip("pyspark")
+    from topics.spark.jvm import jar_path
+    from topics.spark.session import FAST_JVM_OPTIONS
+
+    if jar_path() is None:
+        pytest.skip("the JVM reader's jar is not built (python spark-jvm/build_jar.py)")
+    out = tmp_path / "spark.json"
+    r = subprocess.run(
+        [sys.executable, str(BENCH / "bench_spark.py"), "--records", "20000", "--repeat", "1"]
+        + ["--segment-events", "10000", "--skip-stream", "--jvm-flags", "session", "default"]
+        + ["--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "| consumer | cache | parquet | jvm | python | ceiling |" in r.stdout
+    assert "| preset | JVM options | session start s |" in r.stdout
+    report = json.loads(out.read_text())
+    bulk = report["bulk"]
+    assert bulk["records"] == 20000 and bulk["segments"] == 2
+    assert set(bulk["reads"]) == set(report["sessions"]) == {"session", "default"}
+    for by_consumer in bulk["reads"].values():
+        assert set(by_consumer) == {"noop", "hash"}
+        for by_cache in by_consumer.values():
+            assert set(by_cache) == {"warm", "cold"}
+            for cache, res in by_cache.items():
+                for read in ("parquet", "jvm", "python", "ceiling"):
+                    assert res[read]["best_rows_s"] > 0 and res[read]["median_rows_s"] > 0
+                    assert len(res[read]["seconds"]) == 1
+                assert set(res["ratios"]) == {"jvm_parquet", "python_parquet"}
+                assert all(v > 0 for q in res["ratios"].values() for v in q.values())
+                if cache == "cold":
+                    assert 0 <= res["resident_after_max"] <= 1
+    # Each preset's flags reached its JVM: local_session's own, and none for "default".
+    sessions = report["sessions"]
+    assert all(s["session_start_s"] > 0 for s in sessions.values())
+    assert set(FAST_JVM_OPTIONS.split()) <= set(sessions["session"]["jvm_args"])
+    assert not set(bench_spark.PRESETS["c1"].split()) & set(sessions["default"]["jvm_args"])
+    rows = {row["preset"]: row for row in report["jvm_presets"]}
+    assert set(rows) == {"session", "default"}
+    for row in rows.values():
+        assert row["jvm_warm_noop_rows_s"] > 0 and row["parquet_warm_noop_rows_s"] > 0
+        assert row["jvm_parquet_warm_noop"] > 0
