@@ -51,7 +51,7 @@ def why_not() -> str | None:
 
 def _javac(sources: list[Path], classpath: str, out: Path) -> None:
     subprocess.run(
-        ["javac", "--release", "17", "-Xlint:all,-serial,-processing,-path", "-Werror"]
+        ["javac", "--release", "17", "-Xlint:all,-serial,-processing,-path,-classfile", "-Werror"]
         + ["-cp", classpath, "-d", str(out), *map(str, sources)],
         check=True,
     )
@@ -93,6 +93,9 @@ def main() -> int:
         out = build(Path(args[0]) if args else DEFAULT_OUT, checks="--checks" in sys.argv)
     except RuntimeError as e:
         print(e, file=sys.stderr)
+        return 1
+    except subprocess.CalledProcessError as e:
+        print(f"javac failed (exit {e.returncode}); its messages are above", file=sys.stderr)
         return 1
     print(f"built {out}")
     return 0

@@ -218,8 +218,6 @@ def test_reader_option_errors(spark: Any, history: History) -> None:
         ).option("topics", "x").load()
     with pytest.raises(Exception, match="auto, jvm, python"):
         _read(spark, h.data_dir, h.cold_dir, "fastest").count()
-    with pytest.raises(Exception, match="is read by the Python reader"):
-        _read(spark, h.data_dir, None, "jvm", coldDir="s3://bucket/prefix").count()
     # An option error from the planner reaches the JVM caller with its message.
     with pytest.raises(Exception, match="unknown option|not accepted|bogus"):
         _read(spark, h.data_dir, h.cold_dir, "jvm", bogus="1").count()

@@ -296,3 +296,31 @@ def test_spark_export_from_the_object_store(
     )
     assert r.returncode == 2 and "cannot read the cold tier" in r.stderr, r.stderr
     assert os.path.isdir(history.cold_dir)  # the local copy was never needed
+
+
+def test_the_jvm_reader_hands_object_store_slices_to_python_in_the_same_query(
+    history: History, s3: str, archive: str, tmp_path: Path
+) -> None:
+    """A fresh session with `AWS_*` in its environment from the start: reader=jvm reads
+    the hot segments in Java and the archived ones through the Python reader, in one
+    query, with the same rows as reader=python (docs/SPARK.md, "Two readers")."""
+    root = Path(__file__).resolve().parents[2]
+    env = dict(s3_env(s3), PYTHONPATH=f"{root / 'src'}{os.pathsep}{root}")
+    r = subprocess.run(
+        [sys.executable, str(root / "tests/spark/s3_session.py"), str(history.data_dir), archive],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = dict(line.split(" ", 1) for line in r.stdout.splitlines() if " " in line)
+    n = str(len(_want(history)))
+    assert out == {
+        "jvm_scan": "True",
+        "jvm_count": n,
+        "python_count": n,
+        "jvm_minus_python": "0",
+        "python_minus_jvm": "0",
+    }, r.stdout

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from topics.spark.jvm import add_jar, jar_path
 from topics.spark.segments import DDL_SCHEMA
 
 __all__ = ["DDL_SCHEMA", "TopicsDataSource", "add_jar", "jar_path", "local_session", "register"]
@@ -27,6 +26,10 @@ def __getattr__(name: str) -> Any:
         from topics.spark.source import TopicsDataSource
 
         return TopicsDataSource
+    if name in ("add_jar", "jar_path"):
+        from topics.spark import jvm
+
+        return getattr(jvm, name)
     if name == "local_session":
         from topics.spark.session import local_session
 

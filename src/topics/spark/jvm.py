@@ -21,6 +21,10 @@ JVM and asks it, one JSON line per request:
 
 An error is answered as `{"error": {"type", "message"}}`; the Java side raises it
 with the same message (an OptionError as IllegalArgumentException).
+
+A slice the Java side cannot reach (its segment is in an object-store cold tier)
+is read by `python -m topics.spark.jvm read`, one process per slice: the request
+line `{"slice": {...}, "value_format"}` on stdin, an Arrow IPC stream on stdout.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from typing import IO, Any
 
 import orjson
 
-__all__ = ["JAR_NAME", "add_jar", "jar_path", "plan", "serve", "slice_entry"]
+__all__ = ["JAR_NAME", "add_jar", "gone", "jar_path", "plan", "read", "serve", "slice_entry"]
 
 log = logging.getLogger(__name__)
 
@@ -155,12 +159,15 @@ def _schema(src: Any) -> Any:
     return StructType([StructField(n, StringType()) for n in _COLUMNS])
 
 
-def gone(entry: Mapping[str, Any]) -> str | None:
-    """The SegmentMissing message for a slice gone from both tiers, or None when the
-    newest snapshot no longer relies on it (docs/SPARK.md, "Errors")."""
-    from topics.spark.segments import SegmentSlice, _gone_error, _view
+def _slice(entry: Mapping[str, Any]) -> Any:
+    """The SegmentSlice a plan entry (:func:`slice_entry`) stands for."""
+    from topics.spark.segments import SegmentSlice
 
-    sl = SegmentSlice(
+    def opt_int(k: str) -> int | None:
+        v = entry.get(k)
+        return None if v is None else int(v)
+
+    return SegmentSlice(
         topic=entry["topic"],
         topic_id=int(entry["topic_id"]),
         first_seq=int(entry["first_seq"]),
@@ -170,9 +177,40 @@ def gone(entry: Mapping[str, Any]) -> str | None:
         idx_path=entry["idx_path"],
         alt_data_path=entry.get("alt_data_path"),
         alt_idx_path=entry.get("alt_idx_path"),
+        ts_lo=opt_int("ts_lo"),
+        ts_hi=opt_int("ts_hi"),
+        keep_from_ts=opt_int("keep_from_ts"),
+        deleted=tuple(int(s) for s in entry.get("deleted") or ()),
         data_dir=entry.get("data_dir"),
         cold_dir=entry.get("cold_dir"),
     )
+
+
+def read(entry: Mapping[str, Any], value_format: str, out: IO[bytes]) -> int:
+    """Read one plan entry with the Python reader and write it to `out` as an Arrow IPC
+    stream of :func:`~topics.spark.segments.arrow_schema`; returns the rows written.
+
+    This is how the JVM reader reads slices it cannot reach (an object-store cold
+    tier). Raises what :func:`~topics.spark.segments.read_slice` raises.
+    """
+    import pyarrow as pa
+
+    from topics.spark.segments import arrow_schema, read_slice
+
+    rows = 0
+    with pa.ipc.new_stream(out, arrow_schema(value_format)) as w:
+        for batch in read_slice(_slice(entry), value_format, 32768):
+            w.write_batch(batch)
+            rows += batch.num_rows
+    return rows
+
+
+def gone(entry: Mapping[str, Any]) -> str | None:
+    """The SegmentMissing message for a slice gone from both tiers, or None when the
+    newest snapshot no longer relies on it (docs/SPARK.md, "Errors")."""
+    from topics.spark.segments import _gone_error, _view
+
+    sl = _slice(entry)
     err = _gone_error(_view(None, sl.cold_dir), sl)
     if err is None:
         log.info("topic %s: segment %d is gone and no longer relied on", sl.topic, sl.first_seq)
@@ -213,6 +251,15 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout = sys.stderr
         serve(sys.stdin.buffer, answers)
         return 0
+    if args == ["read"]:
+        logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+        answers = os.fdopen(os.dup(1), "wb")
+        os.dup2(2, 1)
+        sys.stdout = sys.stderr
+        req = orjson.loads(sys.stdin.buffer.readline())
+        read(req["slice"], req.get("value_format", "json"), answers)
+        answers.close()
+        return 0
     if args == ["jar"]:
         jar = jar_path()
         if jar is None:
@@ -220,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(jar)
         return 0
-    print("usage: python -m topics.spark.jvm {jar|serve}", file=sys.stderr)
+    print("usage: python -m topics.spark.jvm {jar|serve|read}", file=sys.stderr)
     return 2
 
 

@@ -17,10 +17,11 @@ import org.apache.spark.SparkEnv;
  * The Python planner, asked over a pipe (docs/SPARK.md, "Two readers").
  *
  * <p>One {@code python -m topics.spark.jvm serve} process per JVM, started on first use
- * and kept: each request is one JSON line, each answer one JSON line. The interpreter is
- * the one Spark runs Python with: {@code spark.pyspark.driver.python},
- * {@code spark.pyspark.python}, then the {@code PYSPARK_DRIVER_PYTHON} and
- * {@code PYSPARK_PYTHON} environment variables, then {@code python3}.
+ * and kept while its {@link PythonEnv} stays the same: each request is one JSON line,
+ * each answer one JSON line. Without a registered Python source the interpreter is
+ * {@link #python()}: {@code spark.pyspark.driver.python}, {@code spark.pyspark.python},
+ * then the {@code PYSPARK_DRIVER_PYTHON} and {@code PYSPARK_PYTHON} environment
+ * variables, then {@code python3}.
  */
 final class Planner {
     private static final ObjectMapper JSON = new ObjectMapper();
@@ -28,6 +29,7 @@ final class Planner {
     private static BufferedReader answers;
     private static OutputStream requests;
     private static boolean hooked;
+    private static PythonEnv running;
 
     private Planner() {}
 
@@ -47,23 +49,24 @@ final class Planner {
         return "python3";
     }
 
-    /** Sends one request; returns the answer, or throws the error it carries. */
-    static synchronized JsonNode ask(ObjectNode request) {
+    /** Sends one request to the planner running in `env` (restarted when `env` changed);
+     * returns the answer, or throws the error it carries. */
+    static synchronized JsonNode ask(ObjectNode request, PythonEnv env) {
         String line;
         try {
-            if (proc == null || !proc.isAlive()) start();
+            if (proc == null || !proc.isAlive() || !env.equals(running)) start(env);
             requests.write(JSON.writeValueAsBytes(request));
             requests.write('\n');
             requests.flush();
             line = answers.readLine();
         } catch (IOException e) {
             stop();
-            throw new IllegalStateException("topics: the Python planner (" + python()
+            throw new IllegalStateException("topics: the Python planner (" + env
                 + " -m topics.spark.jvm serve) failed: " + e.getMessage(), e);
         }
         if (line == null) {
             stop();
-            throw new IllegalStateException("topics: the Python planner (" + python()
+            throw new IllegalStateException("topics: the Python planner (" + env
                 + " -m topics.spark.jvm serve) exited; its stderr is in the driver's log");
         }
         JsonNode ans;
@@ -82,11 +85,12 @@ final class Planner {
         return ans;
     }
 
-    private static void start() throws IOException {
+    private static void start(PythonEnv env) throws IOException {
         stop();
-        ProcessBuilder pb = new ProcessBuilder(python(), "-m", "topics.spark.jvm", "serve");
+        ProcessBuilder pb = env.command("-m", "topics.spark.jvm", "serve");
         pb.redirectError(ProcessBuilder.Redirect.INHERIT);
         proc = pb.start();
+        running = env;
         requests = proc.getOutputStream();
         answers = new BufferedReader(new InputStreamReader(proc.getInputStream(), StandardCharsets.UTF_8));
         if (!hooked) {

@@ -49,6 +49,13 @@ public final class SegmentPartition implements InputPartition, Serializable {
         this.entry = entry;
     }
 
+    /** Whether the listed copy is in an object store, or the listed local copy is gone and
+     * the other one is in an object store: read by the Python reader. */
+    boolean inObjectStore() {
+        if (dataPath.contains("://")) return true;
+        return altDataPath != null && altDataPath.contains("://") && !new java.io.File(dataPath).exists();
+    }
+
     @Override
     public String toString() {
         return "SegmentPartition(" + topic + " " + dataPath + " seqs " + lo + ".." + hi + ")";

@@ -82,8 +82,9 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
     /**
      * @param schema the columns to produce (a subset of the source schema, any order);
      *               every frame is verified whatever the subset
+     * @param env    where to ask whether a segment gone from both tiers may be skipped
      */
-    SegmentReader(SegmentPartition p, StructType schema, boolean json) {
+    SegmentReader(SegmentPartition p, StructType schema, boolean json, PythonEnv env) {
         this.p = p;
         this.json = json;
         this.topicUtf8 = p.topic.getBytes(StandardCharsets.UTF_8);
@@ -112,7 +113,7 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
             } catch (IOException bad) {
                 throw new UncheckedIOException(bad);
             }
-            Planner.ask(req); // throws the SegmentMissing the planner answers
+            Planner.ask(req, env); // throws the SegmentMissing the planner answers
             kept = 0;
         } catch (IOException e) {
             throw new UncheckedIOException(e);

@@ -45,9 +45,10 @@ import org.apache.spark.sql.vectorized.ColumnarBatch;
  *
  * <p>An offline read ({@code option("path", DATA_DIR)}) is read here, by Java tasks, one
  * input partition per segment slice the Python planner lists ({@link Planner}). Every
- * other use of the format (a {@code url} read, a stream, a write), a cold tier in an
- * object store (the Python reader has the client), and {@code reader=python} go to the
- * Python source registered under the same name, unchanged.
+ * other use of the format (a {@code url} read, a stream, a write) and {@code reader=python} go to the
+ * Python source registered under the same name, unchanged. Slices in an object-store cold
+ * tier (the JVM has no client for it) are read by the Python reader in the same query
+ * ({@link PythonSliceReader}).
  *
  * <p>The schema is the Python source's: topic string, seq long, ts timestamp, tag string,
  * node string, meta string, data string (binary with value format "binary").
@@ -82,14 +83,8 @@ public final class TopicsJvmSource implements TableProvider, DataSourceRegister 
                 + " is not one of auto, jvm, python");
         }
         if (reader.equals("python")) return false;
-        String cold = o.get("coldDir");
-        String why = null;
-        if (o.get("path") == null) {
-            why = "it reads data directories (option path), not servers (url), streams or writes";
-        } else if (cold != null && cold.contains("://")) {
-            why = "it reads local files; the cold tier " + cold + " is read by the Python reader";
-        }
-        if (why == null) return true;
+        if (o.get("path") != null) return true;
+        String why = "it reads data directories (option path), not servers (url), streams or writes";
         if (reader.equals("jvm")) throw new IllegalArgumentException("option reader=jvm: the JVM reader cannot do this read: " + why);
         return false;
     }
@@ -257,7 +252,8 @@ public final class TopicsJvmSource implements TableProvider, DataSourceRegister 
                 opts.put(e.getKey(), e.getValue());
             }
             req.set("filters", specs);
-            return new PlanScan(Plan.parse(Planner.ask(req), "from the planner"), required);
+            PythonEnv env = PythonEnv.ofActiveSession();
+            return new PlanScan(Plan.parse(Planner.ask(req, env), "from the planner"), required, env);
         }
     }
 
@@ -265,10 +261,12 @@ public final class TopicsJvmSource implements TableProvider, DataSourceRegister 
     static final class PlanScan implements Scan, Batch {
         private final Plan plan;
         private final StructType required;
+        private final PythonEnv env;
 
-        PlanScan(Plan plan, StructType required) {
+        PlanScan(Plan plan, StructType required, PythonEnv env) {
             this.plan = plan;
             this.required = required;
+            this.env = env;
         }
 
         @Override
@@ -293,7 +291,7 @@ public final class TopicsJvmSource implements TableProvider, DataSourceRegister 
 
         @Override
         public PartitionReaderFactory createReaderFactory() {
-            return new ReaderFactory(plan.valueFormat, required);
+            return new ReaderFactory(plan.valueFormat, required, env);
         }
     }
 
@@ -302,10 +300,12 @@ public final class TopicsJvmSource implements TableProvider, DataSourceRegister 
         private static final long serialVersionUID = 1L;
         private final String valueFormat;
         private final StructType required;
+        private final PythonEnv env;
 
-        ReaderFactory(String valueFormat, StructType required) {
+        ReaderFactory(String valueFormat, StructType required, PythonEnv env) {
             this.valueFormat = valueFormat;
             this.required = required;
+            this.env = env;
         }
 
         @Override
@@ -315,7 +315,9 @@ public final class TopicsJvmSource implements TableProvider, DataSourceRegister 
 
         @Override
         public PartitionReader<ColumnarBatch> createColumnarReader(InputPartition partition) {
-            return new SegmentReader((SegmentPartition) partition, required, "json".equals(valueFormat));
+            SegmentPartition p = (SegmentPartition) partition;
+            if (p.inObjectStore()) return new PythonSliceReader(p, required, valueFormat, env);
+            return new SegmentReader(p, required, "json".equals(valueFormat), env);
         }
 
         @Override
