@@ -9,6 +9,7 @@ optional: where no C compiler is at hand the build goes on without it, and
 
 import os
 import runpy
+from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
@@ -43,8 +44,6 @@ class BuildWithSparkHook(build_py):
         if missing:
             print(f"topics: the JVM reader's jar is left out: {missing}")
             return
-        from pathlib import Path
-
         jar["build"](Path(self.build_lib) / SPARK_JAR)
 
     def get_outputs(self, include_bytecode: bool = True) -> list[str]:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import shutil
-from collections.abc import Iterable
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,7 @@ __all__ = [
     "diff_rows",
     "spark_rows",
     "corrupt_data",
+    "run_session_script",
     "Server",
 ]
 
@@ -173,3 +177,28 @@ class AckLosingProxy:
         self._srv.shutdown()
         self._srv.server_close()
         self._http.close()
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_session_script(
+    script: str, *args: str, cwd: Path, env: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """Run `tests/spark/<script>` (a fresh SparkSession of its own) and return the
+    `KEY value` lines it prints; fails the test with its stderr when it exits non-zero.
+    `env` replaces this process's environment (PYTHONPATH is set to the checkout)."""
+    full = dict(env if env is not None else os.environ)
+    full["PYTHONPATH"] = f"{ROOT / 'src'}{os.pathsep}{ROOT}"
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "tests/spark" / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        env=full,
+        cwd=cwd,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = dict(line.split(" ", 1) for line in r.stdout.splitlines() if " " in line)
+    out["_stderr"] = r.stderr
+    return out

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.spark.conftest import HISTORY_ENV, History
-from tests.spark.support import client, copy_tree, write
+from tests.spark.support import client, copy_tree, run_session_script, write
 from tests.support.process import ServerProcess
 from topics.spark.jvm import gone, jar_path, slice_entry
 from topics.spark.segments import Bounds, load_offline, plan_slices
@@ -218,6 +218,14 @@ def test_reader_option_errors(spark: Any, history: History) -> None:
         ).option("topics", "x").load()
     with pytest.raises(Exception, match="auto, jvm, python"):
         _read(spark, h.data_dir, h.cold_dir, "fastest").count()
+    # A stream over a data directory gets the source's own answer, as on the Python path.
+    stream = spark.readStream.format("topics").option("path", str(h.data_dir))
+    q = None
+    with pytest.raises(Exception, match="streaming reads go through a server"):
+        q = stream.option("topics", "orders").load().writeStream.format("noop").start()
+        q.processAllAvailable()
+    if q is not None:
+        q.stop()
     # An option error from the planner reaches the JVM caller with its message.
     with pytest.raises(Exception, match="unknown option|not accepted|bogus"):
         _read(spark, h.data_dir, h.cold_dir, "jvm", bogus="1").count()
@@ -226,18 +234,10 @@ def test_reader_option_errors(spark: Any, history: History) -> None:
 def test_a_session_without_the_jar_falls_back_and_can_add_it(
     history: History, tmp_path: Path
 ) -> None:
-    env = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{ROOT}")
-    r = subprocess.run(
-        [sys.executable, str(ROOT / "tests/spark/no_jar_session.py")]
-        + [str(history.data_dir), str(history.cold_dir)],
-        capture_output=True,
-        text=True,
-        timeout=280,
-        env=env,
-        cwd=tmp_path,
+    out = run_session_script(
+        "no_jar_session.py", str(history.data_dir), str(history.cold_dir), cwd=tmp_path
     )
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = dict(line.split(" ", 1) for line in r.stdout.splitlines() if " " in line)
+    stderr = out.pop("_stderr")
     want = str(sum(len(v) for v in history.diff.values()))
     assert out == {
         "no_jar_scan_is_jvm": "False",
@@ -247,9 +247,9 @@ def test_a_session_without_the_jar_falls_back_and_can_add_it(
         "add_jar": "True",
         "added_scan_is_jvm": "True",
         "added_count": want,
-    }, r.stdout
-    logged = [ln for ln in r.stderr.splitlines() if "JVM reader's jar is not in this install" in ln]
-    assert len(logged) == 2, r.stderr[-3000:]  # local_session, and add_jar without the jar
+    }, out
+    logged = [ln for ln in stderr.splitlines() if "JVM reader's jar is not in this install" in ln]
+    assert len(logged) == 2, stderr[-3000:]  # local_session, and add_jar without the jar
 
 
 @pytest.mark.skipif(

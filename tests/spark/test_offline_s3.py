@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from tests.spark.conftest import History
-from tests.spark.support import diff_rows, spark_rows
+from tests.spark.support import diff_rows, run_session_script, spark_rows
 from tests.support.s3 import AWS_TEST_ENV, CountingProxy, moto_s3, s3_env
 from topics.spark.segments import (
     SegmentMissing,
@@ -304,18 +304,10 @@ def test_the_jvm_reader_hands_object_store_slices_to_python_in_the_same_query(
     """A fresh session with `AWS_*` in its environment from the start: reader=jvm reads
     the hot segments in Java and the archived ones through the Python reader, in one
     query, with the same rows as reader=python (docs/SPARK.md, "Two readers")."""
-    root = Path(__file__).resolve().parents[2]
-    env = dict(s3_env(s3), PYTHONPATH=f"{root / 'src'}{os.pathsep}{root}")
-    r = subprocess.run(
-        [sys.executable, str(root / "tests/spark/s3_session.py"), str(history.data_dir), archive],
-        capture_output=True,
-        text=True,
-        timeout=280,
-        env=env,
-        cwd=tmp_path,
+    out = run_session_script(
+        "s3_session.py", str(history.data_dir), archive, cwd=tmp_path, env=s3_env(s3)
     )
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = dict(line.split(" ", 1) for line in r.stdout.splitlines() if " " in line)
+    out.pop("_stderr")
     n = str(len(_want(history)))
     assert out == {
         "jvm_scan": "True",
@@ -323,4 +315,4 @@ def test_the_jvm_reader_hands_object_store_slices_to_python_in_the_same_query(
         "python_count": n,
         "jvm_minus_python": "0",
         "python_minus_jvm": "0",
-    }, r.stdout
+    }, out

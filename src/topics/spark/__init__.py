@@ -7,9 +7,11 @@ SparkSession through the `pyspark_topics` module (Spark looks up importable
 e.g. for a session started before the package was installed.
 
 Reads: `option("path", DATA_DIR)` reads segment files offline, one task per
-segment; `option("url", "http://host:port")` reads through a server, in batch or
-as a stream. Writes: `df.write.format("topics").option("url", ...)`. The options,
-schema and guarantees are in docs/SPARK.md.
+segment, in Java when the session has the package's jar (:func:`jar_path`,
+:func:`add_jar`, :func:`local_session` adds it) and in Python otherwise;
+`option("url", "http://host:port")` reads through a server, in batch or as a
+stream. Writes: `df.write.format("topics").option("url", ...)`. The options,
+schema and guarantees are in docs/SPARK.md ("Two readers" for the jar).
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@ package topics.jvm;
 
 import java.io.EOFException;
 import java.io.IOException;
+import java.io.InterruptedIOException;
 import java.io.UncheckedIOException;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
@@ -12,6 +13,10 @@ import java.nio.file.NoSuchFileException;
 import java.nio.file.Path;
 import java.nio.file.StandardOpenOption;
 import java.util.Arrays;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.Future;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import org.apache.spark.sql.connector.read.PartitionReader;
@@ -70,6 +75,15 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
     private long[] tss;
     private int kept;
     private int next; // first kept entry not yet returned
+
+    /** Reads the next batch's `.data` bytes in the background (daemon threads, shared). */
+    private static final ExecutorService PREFETCH = Executors.newCachedThreadPool(r -> {
+        Thread t = new Thread(r, "topics-segment-read-ahead");
+        t.setDaemon(true);
+        return t;
+    });
+    private Future<byte[]> ahead;
+    private int aheadStart = -1;
 
     private final OnHeapColumnVector[] cols;
     /** Vector of each source column (topic, seq, ts, tag, node, meta, data), null when pruned. */
@@ -171,20 +185,37 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
         }
     }
 
-    @Override
-    public boolean next() throws IOException {
-        if (next >= kept) return false;
-        // Take up to BATCH_ROWS entries whose frames span at most BATCH_BYTES (at least one).
-        int end = next + 1;
-        long lo = offs[next], hi = offs[next] + lens[next];
-        while (end < kept && end - next < BATCH_ROWS) {
+    /** The batch that starts at kept entry `start`: up to BATCH_ROWS entries whose frames
+     * span at most BATCH_BYTES (at least one); returns {end, lo, hi} (`.data` bytes [lo, hi)). */
+    private long[] span(int start) {
+        int end = start + 1;
+        long lo = offs[start], hi = offs[start] + lens[start];
+        while (end < kept && end - start < BATCH_ROWS) {
             long nlo = Math.min(lo, offs[end]), nhi = Math.max(hi, offs[end] + lens[end]);
             if (nhi - nlo > BATCH_BYTES) break;
             lo = nlo;
             hi = nhi;
             end++;
         }
-        byte[] raw = readData(lo, hi);
+        return new long[] {end, lo, hi};
+    }
+
+    @Override
+    public boolean next() throws IOException {
+        if (next >= kept) return false;
+        long[] s = span(next);
+        int end = (int) s[0];
+        long lo = s[1];
+        byte[] raw = ahead != null && aheadStart == next ? take(ahead) : readData(next, lo, s[2]);
+        ahead = null;
+        if (end < kept) {
+            // Read the next batch's bytes while this one is decoded (a cold file's I/O
+            // overlaps the checksums instead of adding to them).
+            long[] n = span(end);
+            int start = end;
+            aheadStart = start;
+            ahead = PREFETCH.submit(() -> readData(start, n[1], n[2]));
+        }
         for (OnHeapColumnVector c : cols) c.reset();
         int rows = 0;
         for (int i = next; i < end; i++) decode(raw, lo, i, rows++);
@@ -193,11 +224,26 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
         return true;
     }
 
-    /** `.data` bytes [lo, hi); a short file means a frame reaches past its end. */
-    private byte[] readData(long lo, long hi) throws IOException {
+    private static byte[] take(Future<byte[]> f) throws IOException {
+        try {
+            return f.get();
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            throw new InterruptedIOException("interrupted while reading ahead");
+        } catch (ExecutionException e) {
+            Throwable c = e.getCause();
+            if (c instanceof IOException io) throw io;
+            if (c instanceof RuntimeException re) throw re;
+            throw new IOException(c);
+        }
+    }
+
+    /** `.data` bytes [lo, hi) for the batch from kept entry `start`; a short file means a
+     * frame reaches past its end. */
+    private byte[] readData(int start, long lo, long hi) throws IOException {
         long size = data.size();
         if (hi > size) {
-            for (int i = next; i < kept; i++) {
+            for (int i = start; i < kept; i++) {
                 if (offs[i] + lens[i] > size) {
                     throw new FrameCorruptException(p.topic, dataPath, seqs[i], "frame outside the file");
                 }
@@ -276,6 +322,14 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
 
     @Override
     public void close() throws IOException {
+        if (ahead != null) {
+            ahead.cancel(false);
+            try {
+                take(ahead); // let a read in flight finish before its channel closes
+            } catch (IOException | RuntimeException ignored) {
+                // the read is abandoned; its error does not matter any more
+            }
+        }
         try {
             if (data != null) data.close();
         } finally {

@@ -25,6 +25,7 @@ import org.apache.spark.sql.connector.read.Scan;
 import org.apache.spark.sql.connector.read.ScanBuilder;
 import org.apache.spark.sql.connector.read.SupportsPushDownFilters;
 import org.apache.spark.sql.connector.read.SupportsPushDownRequiredColumns;
+import org.apache.spark.sql.connector.read.streaming.MicroBatchStream;
 import org.apache.spark.sql.execution.datasources.v2.python.PythonDataSourceV2;
 import org.apache.spark.sql.sources.DataSourceRegister;
 import org.apache.spark.sql.sources.EqualTo;
@@ -152,7 +153,9 @@ public final class TopicsJvmSource implements TableProvider, DataSourceRegister 
 
         @Override
         public Set<TableCapability> capabilities() {
-            return EnumSet.of(TableCapability.BATCH_READ);
+            // MICRO_BATCH_READ only to answer a stream over `path` with the source's own
+            // message (PlanScan.toMicroBatchStream) rather than Spark's generic one.
+            return EnumSet.of(TableCapability.BATCH_READ, TableCapability.MICRO_BATCH_READ);
         }
 
         @Override
@@ -252,21 +255,26 @@ public final class TopicsJvmSource implements TableProvider, DataSourceRegister 
                 opts.put(e.getKey(), e.getValue());
             }
             req.set("filters", specs);
-            PythonEnv env = PythonEnv.ofActiveSession();
-            return new PlanScan(Plan.parse(Planner.ask(req, env), "from the planner"), required, env);
+            return new PlanScan(req, required, PythonEnv.ofActiveSession());
         }
     }
 
-    /** The scan of a plan; planned once, on the driver. */
+    /** The scan: planned once, on the driver, when Spark first asks for its partitions. */
     static final class PlanScan implements Scan, Batch {
-        private final Plan plan;
+        private final ObjectNode request;
         private final StructType required;
         private final PythonEnv env;
+        private Plan plan;
 
-        PlanScan(Plan plan, StructType required, PythonEnv env) {
-            this.plan = plan;
+        PlanScan(ObjectNode request, StructType required, PythonEnv env) {
+            this.request = request;
             this.required = required;
             this.env = env;
+        }
+
+        private synchronized Plan plan() {
+            if (plan == null) plan = Plan.parse(Planner.ask(request, env), "from the planner");
+            return plan;
         }
 
         @Override
@@ -276,7 +284,7 @@ public final class TopicsJvmSource implements TableProvider, DataSourceRegister 
 
         @Override
         public String description() {
-            return "topics (JVM reader): " + plan.partitions.size() + " segment slices";
+            return "topics (JVM reader): " + plan().partitions.size() + " segment slices";
         }
 
         @Override
@@ -285,13 +293,19 @@ public final class TopicsJvmSource implements TableProvider, DataSourceRegister 
         }
 
         @Override
+        public MicroBatchStream toMicroBatchStream(String checkpointLocation) {
+            throw new IllegalArgumentException(
+                "streaming reads go through a server: set the option url instead of path");
+        }
+
+        @Override
         public InputPartition[] planInputPartitions() {
-            return plan.partitions.toArray(new InputPartition[0]);
+            return plan().partitions.toArray(new InputPartition[0]);
         }
 
         @Override
         public PartitionReaderFactory createReaderFactory() {
-            return new ReaderFactory(plan.valueFormat, required, env);
+            return new ReaderFactory(plan().valueFormat, required, env);
         }
     }
 

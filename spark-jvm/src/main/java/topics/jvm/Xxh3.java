@@ -1,5 +1,9 @@
 package topics.jvm;
 
+import java.lang.invoke.MethodHandles;
+import java.lang.invoke.VarHandle;
+import java.nio.ByteOrder;
+
 /**
  * XXH3-64 with seed 0 and the default 192-byte secret: the checksum every segment
  * frame ends with (docs/FORMATS.md, "Segment files"; frame.py calls it through
@@ -52,14 +56,17 @@ public final class Xxh3 {
         return b;
     }
 
+    private static final VarHandle LE64 = MethodHandles.byteArrayViewVarHandle(long[].class, ByteOrder.LITTLE_ENDIAN);
+    private static final VarHandle LE32 = MethodHandles.byteArrayViewVarHandle(int[].class, ByteOrder.LITTLE_ENDIAN);
+
+    /** The little-endian u64 at b[i..i+8) (one load: the JIT turns the view into a plain read). */
     static long r64(byte[] b, int i) {
-        return (b[i] & 0xFFL) | (b[i + 1] & 0xFFL) << 8 | (b[i + 2] & 0xFFL) << 16
-            | (b[i + 3] & 0xFFL) << 24 | (b[i + 4] & 0xFFL) << 32 | (b[i + 5] & 0xFFL) << 40
-            | (b[i + 6] & 0xFFL) << 48 | (b[i + 7] & 0xFFL) << 56;
+        return (long) LE64.get(b, i);
     }
 
+    /** The little-endian u32 at b[i..i+4), zero-extended. */
     static long r32(byte[] b, int i) {
-        return (b[i] & 0xFFL) | (b[i + 1] & 0xFFL) << 8 | (b[i + 2] & 0xFFL) << 16 | (b[i + 3] & 0xFFL) << 24;
+        return ((int) LE32.get(b, i)) & 0xFFFFFFFFL;
     }
 
     /** Low half xor high half of the unsigned 128-bit product of a and b. */
