@@ -17,9 +17,11 @@ __all__ = ["FAST_JVM_OPTIONS", "local_session"]
 
 log = logging.getLogger("topics.spark")
 
-#: C1-only JIT and the serial GC: on a 2-core machine this roughly halves the JVM's
-#: CPU use at start (measured in the feasibility notes).
-FAST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+#: The serial GC only: on the 2-core project machine a session starts in about 5.4 s
+#: with it (4.8 s when C1 is the only JIT, 5.5 s with neither), and keeping the C2 JIT
+#: doubles the JVM reader's speed (`bench/bench_spark.py --jvm-flags c1 default
+#: serialgc`, docs/BENCHMARKS.md).
+FAST_JVM_OPTIONS = "-XX:+UseSerialGC"
 
 
 def local_session(
