@@ -31,7 +31,9 @@ final class PythonEnv implements Serializable {
             PythonFunction f = SparkSession.active().sessionState().dataSourceManager()
                 .lookupDataSource(TopicsJvmSource.NAME).dataSourceCls();
             return new PythonEnv(f.pythonExec(), f.envVars());
-        } catch (RuntimeException e) { // no Python source registered (a JVM-only session)
+        } catch (RuntimeException | LinkageError e) {
+            // No Python source registered (a JVM-only session), or a Spark whose internals
+            // differ from the one this jar was compiled against: Spark's own choice of Python.
             return new PythonEnv(Planner.python(), Map.of());
         }
     }

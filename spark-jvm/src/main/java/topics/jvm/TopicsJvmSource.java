@@ -78,7 +78,7 @@ public final class TopicsJvmSource implements TableProvider, DataSourceRegister 
     /** Whether this read is ours; throws for {@code reader=jvm} on a read we cannot do. */
     static boolean readsHere(Map<String, String> options) {
         CaseInsensitiveStringMap o = options instanceof CaseInsensitiveStringMap c ? c : new CaseInsensitiveStringMap(options);
-        String reader = o.getOrDefault("reader", "auto").toLowerCase(Locale.ROOT);
+        String reader = o.getOrDefault("reader", "auto").strip().toLowerCase(Locale.ROOT);
         if (!reader.equals("auto") && !reader.equals("jvm") && !reader.equals("python")) {
             throw new IllegalArgumentException("option reader: " + o.get("reader")
                 + " is not one of auto, jvm, python");
@@ -101,7 +101,7 @@ public final class TopicsJvmSource implements TableProvider, DataSourceRegister 
     @Override
     public StructType inferSchema(CaseInsensitiveStringMap options) {
         if (!readsHere(options)) return python().inferSchema(options);
-        String fmt = options.getOrDefault("valueFormat", "json");
+        String fmt = options.getOrDefault("valueFormat", "json").strip().toLowerCase(Locale.ROOT);
         if (!fmt.equals("json") && !fmt.equals("binary")) {
             throw new IllegalArgumentException("option valueFormat: " + fmt + " is not one of json, binary");
         }
