@@ -291,3 +291,17 @@ def test_the_jar_builds_from_source_and_its_vector_checks_pass(tmp_path: Path) -
             timeout=120,
         )
         assert c.returncode == 0, c.stdout + c.stderr
+
+
+def test_the_jar_command_prints_the_path_spark_submit_takes() -> None:
+    """`spark-submit --jars "$(python -m topics.spark.jvm jar)"` (README, cluster section)."""
+    r = subprocess.run(
+        [sys.executable, "-m", "topics.spark.jvm", "jar"], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == jar_path() and Path(r.stdout.strip()).is_file()
+    assert "RuntimeWarning" not in r.stderr
+    bad = subprocess.run(
+        [sys.executable, "-m", "topics.spark.jvm", "nonsense"], capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "usage" in bad.stderr
