@@ -21,6 +21,7 @@ import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import org.apache.spark.sql.connector.read.PartitionReader;
 import org.apache.spark.sql.execution.vectorized.OnHeapColumnVector;
+import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.vectorized.ColumnVector;
 import org.apache.spark.sql.vectorized.ColumnarBatch;
@@ -85,9 +86,12 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
     private Future<byte[]> ahead;
     private int aheadStart = -1;
 
-    private final OnHeapColumnVector[] cols;
-    /** Vector of each source column (topic, seq, ts, tag, node, meta, data), null when pruned. */
-    private final OnHeapColumnVector[] out = new OnHeapColumnVector[COLUMNS.length];
+    /** The vectors of the batch, in the schema's order. */
+    private final ColumnVector[] cols;
+    /** seq and ts (null when pruned). */
+    private final OnHeapColumnVector seqV, tsV;
+    /** topic, tag, node, meta, data (null when pruned): ranges of the batch's bytes. */
+    private final SliceVector topicV, tagV, nodeV, metaV, dataV;
     private final ColumnarBatch batch;
 
     /** The source columns, in schema order. */
@@ -133,10 +137,23 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
             throw new UncheckedIOException(e);
         }
         this.data = ch;
-        cols = OnHeapColumnVector.allocateColumns(BATCH_ROWS, schema);
+        ColumnVector[] byName = new ColumnVector[COLUMNS.length];
+        cols = new ColumnVector[schema.fields().length];
         for (int i = 0; i < cols.length; i++) {
-            out[Arrays.asList(COLUMNS).indexOf(schema.fields()[i].name())] = cols[i];
+            StructField f = schema.fields()[i];
+            int k = Arrays.asList(COLUMNS).indexOf(f.name());
+            cols[i] = k == 1 || k == 2
+                ? new OnHeapColumnVector(BATCH_ROWS, f.dataType())
+                : new SliceVector(f.dataType(), BATCH_ROWS);
+            byName[k] = cols[i];
         }
+        topicV = (SliceVector) byName[0];
+        seqV = (OnHeapColumnVector) byName[1];
+        tsV = (OnHeapColumnVector) byName[2];
+        tagV = (SliceVector) byName[3];
+        nodeV = (SliceVector) byName[4];
+        metaV = (SliceVector) byName[5];
+        dataV = (SliceVector) byName[6];
         batch = new ColumnarBatch(cols);
     }
 
@@ -216,7 +233,10 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
             aheadStart = start;
             ahead = PREFETCH.submit(() -> readData(start, n[1], n[2]));
         }
-        for (OnHeapColumnVector c : cols) c.reset();
+        for (ColumnVector c : cols) {
+            if (c instanceof SliceVector v) v.reset(v == topicV ? topicUtf8 : raw);
+            else ((OnHeapColumnVector) c).reset();
+        }
         int rows = 0;
         for (int i = next; i < end; i++) decode(raw, lo, i, rows++);
         batch.setNumRows(rows);
@@ -281,26 +301,26 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
         int nodeAt = o + HDR, tagAt = nodeAt + nl, payAt = tagAt + tl;
         int dataAt = payAt, dataLen = (int) dl;
 
-        if (out[0] != null) out[0].putByteArray(row, topicUtf8, 0, topicUtf8.length);
-        if (out[1] != null) out[1].putLong(row, seq);
-        if (out[2] != null) out[2].putLong(row, ts * 1000L); // timestamps are µs in Spark, ms on disk
-        putText(out[3], row, raw, tagAt, tl, (flags & F_HAS_TAG) != 0, seq, "tag");
-        putText(out[4], row, raw, nodeAt, nl, (flags & F_HAS_NODE) != 0, seq, "node");
+        if (topicV != null) topicV.put(row, 0, topicUtf8.length);
+        if (seqV != null) seqV.putLong(row, seq);
+        if (tsV != null) tsV.putLong(row, ts * 1000L); // timestamps are µs in Spark, ms on disk
+        putText(tagV, row, raw, tagAt, tl, (flags & F_HAS_TAG) != 0, seq, "tag");
+        putText(nodeV, row, raw, nodeAt, nl, (flags & F_HAS_NODE) != 0, seq, "node");
         if ((flags & F_HAS_META) != 0) {
             long ml = dl >= 4 ? Xxh3.r32(raw, payAt) : -1;
             if (ml < 0 || ml + 4 > dl) bad(seq, "meta_len inconsistent with data_len");
-            putText(out[5], row, raw, payAt + 4, (int) ml, true, seq, "meta");
+            putText(metaV, row, raw, payAt + 4, (int) ml, true, seq, "meta");
             dataAt = payAt + 4 + (int) ml;
             dataLen = (int) (dl - 4 - ml);
         } else {
-            if (out[5] != null) out[5].putNull(row);
+            if (metaV != null) metaV.putNull(row);
         }
         if (json && !Utf8.valid(raw, dataAt, dataLen)) bad(seq, "data not UTF-8");
-        if (out[6] != null) out[6].putByteArray(row, raw, dataAt, dataLen);
+        if (dataV != null) dataV.put(row, dataAt, dataLen);
     }
 
     /** Checks a node, tag or meta field and stores it in {@code c} (null: column pruned). */
-    private void putText(OnHeapColumnVector c, int row, byte[] raw, int at, int len, boolean present,
+    private void putText(SliceVector c, int row, byte[] raw, int at, int len, boolean present,
                          long seq, String what) {
         if (!present) {
             if (len != 0) bad(seq, "node/tag length without its flag");
@@ -308,7 +328,7 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
             return;
         }
         if (!Utf8.valid(raw, at, len)) bad(seq, what + " not UTF-8");
-        if (c != null) c.putByteArray(row, raw, at, len);
+        if (c != null) c.put(row, at, len);
     }
 
     private void bad(long seq, String why) {
