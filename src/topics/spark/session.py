@@ -17,8 +17,8 @@ __all__ = ["FAST_JVM_OPTIONS", "local_session"]
 
 log = logging.getLogger("topics.spark")
 
-#: The serial GC only: on the 2-core project machine a session starts in about 5.4 s
-#: with it (4.8 s when C1 is the only JIT, 5.5 s with neither), and keeping the C2 JIT
+#: The serial GC only: on the 2-core project machine a session starts in about 5.0 s
+#: with it (4.7 s when C1 is the only JIT, 5.4 s with neither), and keeping the C2 JIT
 #: doubles the JVM reader's speed (`bench/bench_spark.py --jvm-flags c1 default
 #: serialgc`, docs/BENCHMARKS.md).
 FAST_JVM_OPTIONS = "-XX:+UseSerialGC"
