@@ -241,21 +241,23 @@ def serve(inp: IO[bytes], out: IO[bytes]) -> None:
         out.flush()
 
 
+def _own_stdout() -> IO[bytes]:
+    """The process's stdout for the answers alone: fd 1 is pointed at stderr, so whatever
+    else prints (a library, a warning) cannot corrupt them. Logging goes to stderr."""
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    answers = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return answers
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args == ["serve"]:
-        logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-        # The answers own fd 1; anything else printed goes to stderr.
-        answers = os.fdopen(os.dup(1), "wb")
-        os.dup2(2, 1)
-        sys.stdout = sys.stderr
-        serve(sys.stdin.buffer, answers)
+        serve(sys.stdin.buffer, _own_stdout())
         return 0
     if args == ["read"]:
-        logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-        answers = os.fdopen(os.dup(1), "wb")
-        os.dup2(2, 1)
-        sys.stdout = sys.stderr
+        answers = _own_stdout()
         req = orjson.loads(sys.stdin.buffer.readline())
         read(req["slice"], req.get("value_format", "json"), answers)
         answers.close()
