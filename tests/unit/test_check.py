@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.support.segreader import SegmentReader
@@ -487,6 +488,39 @@ def test_strays_and_temps_are_not_corruption(tmp_path: Path) -> None:
 
 
 # -- snapshots ---------------------------------------------------------------------
+
+
+class _PruningFs(RealFs):
+    """A running server's checkpoint as verify sees it: opening snapshot `victim` finds
+    that a newer snapshot was written and `victim` dropped since the listing."""
+
+    def __init__(self, victim: Path, newer: Path) -> None:
+        super().__init__()
+        self.victim, self.newer = str(victim), newer
+
+    def open(self, path: str, *args: Any, **kwargs: Any) -> Any:
+        if path == self.victim and Path(path).exists():
+            self.newer.write_bytes(Path(path).read_bytes())
+            Path(path).unlink()
+        return super().open(path, *args, **kwargs)
+
+
+def test_a_snapshot_pruned_by_a_running_server_is_not_damage(tmp_path: Path) -> None:
+    dd = build_data_dir(tmp_path)
+    meta = dd.root / "meta"
+    fs = _PruningFs(meta / snapshot_name(1), meta / snapshot_name(3))
+    r = check(fs, str(dd.root))
+    assert r.ok, [p.as_dict() for p in r.problems]
+    assert kinds(r) == ["snapshot_pruned"]
+    assert r.problems[0].severity == INFO
+    # The newer snapshot that took its place was checked instead.
+    assert r.snapshots == 2 and r.valid_snapshots == 2
+    # Gone with nothing newer: that is a lost snapshot, still reported as damage.
+    (meta / snapshot_name(3)).unlink()
+    fs = _PruningFs(meta / snapshot_name(2), meta / "elsewhere")
+    fs.newer = tmp_path / "elsewhere"
+    r = check(fs, str(dd.root))
+    assert not r.ok and "unreadable" in kinds(r)
 
 
 def test_invalid_snapshot_is_reported(tmp_path: Path) -> None:

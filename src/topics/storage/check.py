@@ -121,6 +121,7 @@ SEVERITY: dict[str, str] = {
     "snapshot_invalid": CORRUPT,
     "no_valid_snapshot": CORRUPT,
     "snapshot_wal_missing": CORRUPT,  # the newest snapshot's replay start is a missing file
+    "snapshot_pruned": INFO,  # listed, then dropped by a running server for a newer one
     # anywhere
     "tmp_leftover": INFO,
     "unknown_entry": INFO,
@@ -551,29 +552,69 @@ def _check_topic(
 
 def _check_snapshots(
     fs: Fs, report: CheckReport, meta: str, snaps: list[tuple[int, str]], tick: Callable[[], None]
-) -> None:
+) -> list[tuple[int, str]]:
+    """Check every snapshot of `snaps`; returns the ones that were there to check.
+
+    A running server writes a snapshot and then drops the oldest one it keeps, so a
+    snapshot listed before that and gone when it is read was pruned, not lost, when a
+    newer one is there now: that is reported as `snapshot_pruned` (info) and the newer
+    snapshots are checked in its place (docs/CLI.md, "The server and the offline tools").
+    """
     for name in _listdir(fs, meta):
         if name.endswith(".tmp"):
             report.add("tmp_leftover", posixpath.join(meta, name), "leftover snapshot temp file")
     newest: tuple[str, dict[Any, Any]] | None = None
-    for _n, path in snaps:
-        report.snapshots += 1
+    pending = list(snaps)
+    seen = {n for n, _ in snaps}
+    checked: list[tuple[int, str]] = []
+    i = 0
+    while i < len(pending):
+        n, path = pending[i]
+        listed = i < len(snaps)
+        i += 1
         try:
-            result = decode_snapshot(read_file(fs, path))
-        except OSError as e:
-            report.add("unreadable", path, str(e))
-            tick()
+            raw = read_file(fs, path)
+        except FileNotFoundError as e:
+            try:
+                newer = [s for s in list_snapshots(fs, meta) if s[0] > n]
+            except OSError:
+                newer = []
+            if not newer:
+                report.snapshots += 1
+                report.add("unreadable", path, str(e))
+            else:
+                report.add(
+                    "snapshot_pruned",
+                    path,
+                    "removed after it was listed: a running server wrote a newer snapshot "
+                    "and dropped this one",
+                )
+                pending.extend(s for s in newer if s[0] not in seen)
+                seen.update(s[0] for s in newer)
+            if listed:
+                tick()
             continue
+        except OSError as e:
+            report.snapshots += 1
+            report.add("unreadable", path, str(e))
+            if listed:
+                tick()
+            continue
+        report.snapshots += 1
+        checked.append((n, path))
+        result = decode_snapshot(raw)
         if isinstance(result, SnapshotInvalid):
             report.add("snapshot_invalid", path, result.reason)
         else:
             report.valid_snapshots += 1
             newest = (path, result)
-        tick()
+        if listed:
+            tick()
     if snaps and not report.valid_snapshots:
-        report.add("no_valid_snapshot", meta, f"none of {len(snaps)} snapshots is valid")
+        report.add("no_valid_snapshot", meta, f"none of {report.snapshots} snapshots is valid")
     if newest is not None:
         _check_replay_start(fs, report, posixpath.dirname(meta), *newest)
+    return sorted(checked)
 
 
 def _check_replay_start(fs: Fs, report: CheckReport, data_dir: str, path: str, body: Any) -> None:
@@ -690,7 +731,7 @@ def check(
     report.topics = len({t[0] for t in topics})
     for tid, d, sealed, _n in topics:
         _check_topic(fs, report, tid, d, sealed, tick)
-    _check_snapshots(fs, report, meta, snaps, tick)
+    snaps = _check_snapshots(fs, report, meta, snaps, tick)
     _check_published(fs, report, data_dir, snaps, wal.scans, cold_dir)
     return report
 
