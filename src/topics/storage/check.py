@@ -104,6 +104,7 @@ SEVERITY: dict[str, str] = {
     # segments
     "segment_torn_tail": INFO,  # damaged suffix of a topic's newest segment
     "segment_stray": WARNING,  # `.data` without `.idx` or the reverse
+    "segment_gone": INFO,  # listed, then removed by a running server (relocated or dropped)
     "rewrite_pending": INFO,  # a reclaim rewrite cut short; the next start finishes it
     "segment_damage": CORRUPT,  # a segment the newest snapshot relies on is missing a part,
     # short, or its `.idx` disagrees with its `.data`: the server refuses to start
@@ -329,14 +330,24 @@ class _ShardChecker:
             else:
                 good.append(name)
         r.wal_files += len(good)
-        try:
-            sc = scan_shard(self.fs, d)
-            self.scans.append(sc)
-        except OSError as e:
-            r.add("unreadable", d, str(e))
+        sc = None
+        err: OSError | None = None
+        for _attempt in range(3):
+            try:
+                sc = scan_shard(self.fs, d)
+                break
+            except FileNotFoundError as e:
+                # A running server removes the WAL files a snapshot covers: scan again.
+                err = e
+            except OSError as e:
+                err = e
+                break
+        if sc is None:
+            r.add("unreadable", d, str(err))
             for _ in files:
                 self.tick()
             return
+        self.scans.append(sc)
         for name, fr in sc.frames:
             self.frame_content(posixpath.join(d, name), fr)
             r.frames += 1
@@ -417,6 +428,15 @@ def _check_segment(
             report.add("rewrite_pending", idx_path, "a reclaim rewrite the next start finishes")
         raw_idx = read_file(fs, idx_path)
         data = read_file(fs, paths.data)
+    except FileNotFoundError as e:
+        if not fs.exists(paths.data) and not fs.exists(paths.idx):
+            # Both halves were listed, and both are gone: a running server relocated
+            # or dropped the segment meanwhile. Whether the newest snapshot still
+            # relies on its seqs is checked with the snapshots (`segment_damage`).
+            report.add("segment_gone", paths.data, "removed while verify ran")
+        else:
+            report.add("unreadable", paths.data, str(e))
+        return None
     except OSError as e:
         report.add("unreadable", paths.data, str(e))
         return None
