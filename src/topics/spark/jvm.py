@@ -29,6 +29,7 @@ line `{"slice": {...}, "value_format"}` on stdin, an Arrow IPC stream on stdout.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -76,24 +77,8 @@ NO_JAR = (
 
 
 def slice_entry(sl: Any) -> dict[str, Any]:
-    """One partition of a plan: a SegmentSlice as the Java side reads it."""
-    return {
-        "topic": sl.topic,
-        "topic_id": sl.topic_id,
-        "first_seq": sl.first_seq,
-        "lo": sl.lo,
-        "hi": sl.hi,
-        "data_path": sl.data_path,
-        "idx_path": sl.idx_path,
-        "alt_data_path": sl.alt_data_path,
-        "alt_idx_path": sl.alt_idx_path,
-        "ts_lo": sl.ts_lo,
-        "ts_hi": sl.ts_hi,
-        "keep_from_ts": sl.keep_from_ts,
-        "deleted": list(sl.deleted),
-        "data_dir": sl.data_dir,
-        "cold_dir": sl.cold_dir,
-    }
+    """One partition of a plan: a SegmentSlice's fields, as the Java side reads them."""
+    return dataclasses.asdict(sl)
 
 
 def _filter(f: Mapping[str, Any]) -> Any:
@@ -163,27 +148,7 @@ def _slice(entry: Mapping[str, Any]) -> Any:
     """The SegmentSlice a plan entry (:func:`slice_entry`) stands for."""
     from topics.spark.segments import SegmentSlice
 
-    def opt_int(k: str) -> int | None:
-        v = entry.get(k)
-        return None if v is None else int(v)
-
-    return SegmentSlice(
-        topic=entry["topic"],
-        topic_id=int(entry["topic_id"]),
-        first_seq=int(entry["first_seq"]),
-        lo=int(entry["lo"]),
-        hi=int(entry["hi"]),
-        data_path=entry["data_path"],
-        idx_path=entry["idx_path"],
-        alt_data_path=entry.get("alt_data_path"),
-        alt_idx_path=entry.get("alt_idx_path"),
-        ts_lo=opt_int("ts_lo"),
-        ts_hi=opt_int("ts_hi"),
-        keep_from_ts=opt_int("keep_from_ts"),
-        deleted=tuple(int(s) for s in entry.get("deleted") or ()),
-        data_dir=entry.get("data_dir"),
-        cold_dir=entry.get("cold_dir"),
-    )
+    return SegmentSlice(**{**entry, "deleted": tuple(entry.get("deleted") or ())})
 
 
 def read(entry: Mapping[str, Any], value_format: str, out: IO[bytes]) -> int:
