@@ -101,6 +101,8 @@ from typing import Any
 import orjson
 import uvloop
 
+from topics.client.errors import parse_retry_after
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
@@ -576,9 +578,11 @@ class TopicsSide(Side):
         if st != 429 or self.throttled >= 1000:
             return None
         self.throttled += 1
+        detail = None
         with contextlib.suppress(ValueError, KeyError, TypeError):
-            return float(orjson.loads(b)["error"]["detail"]["retry_after_ms"]) / 1000
-        return 0.05
+            detail = orjson.loads(b)["error"].get("detail")
+        wait = parse_retry_after(None, detail if isinstance(detail, dict) else None)
+        return 0.05 if wait is None else wait
 
     async def aop(self, conn: AsyncConn, req: Req) -> str | None:
         while True:
