@@ -572,8 +572,8 @@ def _check_topic(
 
 def _check_snapshots(
     fs: Fs, report: CheckReport, meta: str, snaps: list[tuple[int, str]], tick: Callable[[], None]
-) -> list[tuple[int, str]]:
-    """Check every snapshot of `snaps`; returns the ones that were there to check.
+) -> dict[str, Any] | None:
+    """Check every snapshot of `snaps`; returns the newest valid one's body (None: none).
 
     A running server writes a snapshot and then drops the oldest one it keeps, so a
     snapshot listed before that and gone when it is read was pruned, not lost, when a
@@ -586,7 +586,6 @@ def _check_snapshots(
     newest: tuple[str, dict[Any, Any]] | None = None
     pending = list(snaps)
     seen = {n for n, _ in snaps}
-    checked: list[tuple[int, str]] = []
     i = 0
     while i < len(pending):
         n, path = pending[i]
@@ -621,7 +620,6 @@ def _check_snapshots(
                 tick()
             continue
         report.snapshots += 1
-        checked.append((n, path))
         result = decode_snapshot(raw)
         if isinstance(result, SnapshotInvalid):
             report.add("snapshot_invalid", path, result.reason)
@@ -632,9 +630,10 @@ def _check_snapshots(
             tick()
     if snaps and not report.valid_snapshots:
         report.add("no_valid_snapshot", meta, f"none of {report.snapshots} snapshots is valid")
-    if newest is not None:
-        _check_replay_start(fs, report, posixpath.dirname(meta), *newest)
-    return sorted(checked)
+    if newest is None:
+        return None
+    _check_replay_start(fs, report, posixpath.dirname(meta), *newest)
+    return newest[1]
 
 
 def _check_replay_start(fs: Fs, report: CheckReport, data_dir: str, path: str, body: Any) -> None:
@@ -751,34 +750,22 @@ def check(
     report.topics = len({t[0] for t in topics})
     for tid, d, sealed, _n in topics:
         _check_topic(fs, report, tid, d, sealed, tick)
-    snaps = _check_snapshots(fs, report, meta, snaps, tick)
-    _check_published(fs, report, data_dir, snaps, wal.scans, cold_dir)
+    newest = _check_snapshots(fs, report, meta, snaps, tick)
+    if newest is not None:
+        _check_published(fs, report, data_dir, newest, wal.scans, cold_dir)
     return report
-
-
-def _newest_valid(fs: Fs, snaps: list[tuple[int, str]]) -> dict[str, Any] | None:
-    for _n, path in reversed(snaps):
-        try:
-            body = decode_snapshot(read_file(fs, path))
-        except OSError:
-            continue
-        if not isinstance(body, SnapshotInvalid):
-            return body
-    return None
 
 
 def _check_published(
     fs: Fs,
     report: CheckReport,
     data_dir: str,
-    snaps: list[tuple[int, str]],
+    body: dict[str, Any],
     scans: list[ShardScan],
     cold_dir: str | None = None,
 ) -> None:
-    """Segments the newest snapshot relies on, checked as recovery checks them."""
-    body = _newest_valid(fs, snaps)
-    if body is None:
-        return
+    """Segments the newest valid snapshot (`body`, read once by the snapshot check) relies
+    on, checked as recovery checks them."""
     ids = sorted(int(m["id"]) for m in body.get("topics") or [])
     try:
         damaged = segment_damage(fs, data_dir, ids, body, scans, cold_dir)
