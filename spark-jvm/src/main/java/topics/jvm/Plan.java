@@ -1,25 +1,20 @@
 package topics.jvm;
 
 import com.fasterxml.jackson.databind.JsonNode;
-import com.fasterxml.jackson.databind.ObjectMapper;
-import java.io.File;
-import java.io.IOException;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
 
 /**
- * A read plan handed over by the Python planner ({@link Planner}, or a JSON file):
+ * A read plan as the Python planner answers it ({@link Planner}; the entries are
+ * {@code topics.spark.jvm.slice_entry}, a SegmentSlice's fields):
  *
  * <pre>
  * {"value_format": "json" | "binary",
- *  "partitions": [{"topic", "first_seq", "lo", "hi", "data_path", "idx_path",
- *                  optional "value_format", "alt_data_path", "alt_idx_path",
- *                  "ts_lo", "ts_hi", "keep_from_ts", "deleted": [seq, ...]}, ...]}
+ *  "partitions": [{"topic", "topic_id", "first_seq", "lo", "hi", "data_path", "idx_path",
+ *                  "alt_data_path", "alt_idx_path", "ts_lo", "ts_hi", "keep_from_ts",
+ *                  "deleted": [seq, ...], "data_dir", "cold_dir"}, ...]}
  * </pre>
- *
- * A bare JSON list of partitions is accepted too. The value format is one per read
- * (it decides the type of the `data` column); per-partition values must agree.
  */
 public final class Plan {
     public final String valueFormat;
@@ -30,58 +25,30 @@ public final class Plan {
         this.partitions = partitions;
     }
 
-    public static Plan load(String path) {
-        JsonNode root;
-        try {
-            root = new ObjectMapper().readTree(new File(path));
-        } catch (IOException e) {
-            throw new IllegalArgumentException("cannot read the plan " + path + ": " + e.getMessage(), e);
+    /** The plan the planner answered. */
+    public static Plan parse(JsonNode root) {
+        String fmt = root.path("value_format").asText();
+        if (!fmt.equals("json") && !fmt.equals("binary")) {
+            throw new IllegalArgumentException("the planner's value_format is " + fmt + ", not json or binary");
         }
-        return parse(root, path);
-    }
-
-    /** The plan in `root`; `path` names it in errors. */
-    public static Plan parse(JsonNode root, String path) {
-        JsonNode parts = root.isArray() ? root : root.path("partitions");
-        if (!parts.isArray()) throw new IllegalArgumentException("plan " + path + " has no \"partitions\" list");
-        String fmt = root.isObject() && root.hasNonNull("value_format") ? root.get("value_format").asText() : null;
         List<SegmentPartition> out = new ArrayList<>();
-        for (JsonNode p : parts) {
-            if (p.hasNonNull("value_format")) {
-                String f = p.get("value_format").asText();
-                if (fmt != null && !fmt.equals(f)) {
-                    throw new IllegalArgumentException("plan " + path + " mixes value formats " + fmt + " and " + f);
-                }
-                fmt = f;
-            }
-            long[] deleted = new long[0];
-            if (p.has("deleted") && p.get("deleted").isArray()) {
-                JsonNode d = p.get("deleted");
-                deleted = new long[d.size()];
-                for (int i = 0; i < d.size(); i++) deleted[i] = d.get(i).asLong();
-                Arrays.sort(deleted);
-            }
+        for (JsonNode p : root.path("partitions")) {
+            JsonNode d = p.path("deleted");
+            long[] deleted = new long[d.size()];
+            for (int i = 0; i < deleted.length; i++) deleted[i] = d.get(i).asLong();
+            Arrays.sort(deleted);
             out.add(new SegmentPartition(
-                req(p, "topic", path).asText(),
-                req(p, "first_seq", path).asLong(),
-                req(p, "lo", path).asLong(),
-                req(p, "hi", path).asLong(),
-                req(p, "data_path", path).asText(),
-                req(p, "idx_path", path).asText(),
+                p.path("topic").asText(),
+                p.path("first_seq").asLong(),
+                p.path("lo").asLong(),
+                p.path("hi").asLong(),
+                p.path("data_path").asText(),
+                p.path("idx_path").asText(),
                 text(p, "alt_data_path"), text(p, "alt_idx_path"),
                 num(p, "ts_lo"), num(p, "ts_hi"), num(p, "keep_from_ts"), deleted,
-                p.hasNonNull("data_dir") ? p.toString() : null));
-        }
-        if (fmt == null) fmt = "json";
-        if (!fmt.equals("json") && !fmt.equals("binary")) {
-            throw new IllegalArgumentException("value_format must be json or binary, not " + fmt);
+                p.toString()));
         }
         return new Plan(fmt, out);
-    }
-
-    private static JsonNode req(JsonNode p, String k, String path) {
-        if (!p.hasNonNull(k)) throw new IllegalArgumentException("plan " + path + ": a partition lacks \"" + k + "\"");
-        return p.get(k);
     }
 
     private static String text(JsonNode p, String k) {

@@ -40,7 +40,6 @@ final class PythonSliceReader implements PartitionReader<ColumnarBatch> {
     PythonSliceReader(SegmentPartition p, StructType schema, String valueFormat, PythonEnv env) {
         this.p = p;
         this.schema = schema;
-        if (p.entry == null) throw new IllegalStateException("topics: " + p + " has no plan entry to hand over");
         try {
             errFile = File.createTempFile("topics-read-", ".err");
             ProcessBuilder pb = env.command("-m", "topics.spark.jvm", "read");

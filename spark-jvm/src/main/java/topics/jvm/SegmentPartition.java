@@ -27,8 +27,8 @@ public final class SegmentPartition implements InputPartition, Serializable {
     public final Long keepFromTs;
     /** Seqs deleted per the snapshot whose `.idx` flag may not be written yet (sorted). */
     public final long[] deleted;
-    /** The plan entry as the planner wrote it (JSON), handed back to ask whether a segment
-     * gone from both tiers may be skipped; null for a plan made by hand. */
+    /** The plan entry as the planner wrote it (JSON), handed back to the Python side: to
+     * ask whether a segment gone from both tiers may be skipped, or to read it there. */
     public final String entry;
 
     public SegmentPartition(String topic, long firstSeq, long lo, long hi, String dataPath, String idxPath,

@@ -121,10 +121,6 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
         } catch (NoSuchFileException e) {
             // Gone from both tiers since planning: skipped only when the newest snapshot
             // no longer relies on it, as the Python reader decides (docs/SPARK.md, "Errors").
-            if (p.entry == null) {
-                throw new UncheckedIOException("topic " + p.topic + ": segment file gone since planning: "
-                    + e.getFile(), e);
-            }
             ObjectNode req = JSON.createObjectNode().put("op", "gone");
             try {
                 req.set("slice", JSON.readTree(p.entry));

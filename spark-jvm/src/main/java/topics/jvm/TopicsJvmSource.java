@@ -273,7 +273,7 @@ public final class TopicsJvmSource implements TableProvider, DataSourceRegister 
         }
 
         private synchronized Plan plan() {
-            if (plan == null) plan = Plan.parse(Planner.ask(request, env), "from the planner");
+            if (plan == null) plan = Plan.parse(Planner.ask(request, env));
             return plan;
         }
 
