@@ -66,6 +66,7 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
     private final boolean json;
     private final byte[] topicUtf8;
     private final FileChannel data;
+    private final long dataSize;
     private final String dataPath;
     private final String idxPath;
 
@@ -84,7 +85,7 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
         return t;
     });
     private Future<byte[]> ahead;
-    private int aheadStart = -1;
+    private long[] aheadSpan;
 
     /** The vectors of the batch, in the schema's order. */
     private final ColumnVector[] cols;
@@ -133,6 +134,13 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
             throw new UncheckedIOException(e);
         }
         this.data = ch;
+        // Every planned frame was written before planning, so the size at open is the
+        // one to check them against (taken once, not per batch).
+        try {
+            this.dataSize = ch == null ? 0 : ch.size();
+        } catch (IOException e) {
+            throw new UncheckedIOException(e);
+        }
         ColumnVector[] byName = new ColumnVector[COLUMNS.length];
         cols = new ColumnVector[schema.fields().length];
         for (int i = 0; i < cols.length; i++) {
@@ -216,18 +224,18 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
     @Override
     public boolean next() throws IOException {
         if (next >= kept) return false;
-        long[] s = span(next);
+        // A read ahead, when there is one, is always of the batch that starts at `next`.
+        long[] s = ahead != null ? aheadSpan : span(next);
         int end = (int) s[0];
         long lo = s[1];
-        byte[] raw = ahead != null && aheadStart == next ? take(ahead) : readData(next, lo, s[2]);
+        byte[] raw = ahead != null ? take(ahead) : readData(next, lo, s[2]);
         ahead = null;
         if (end < kept) {
             // Read the next batch's bytes while this one is decoded (a cold file's I/O
             // overlaps the checksums instead of adding to them).
             long[] n = span(end);
-            int start = end;
-            aheadStart = start;
-            ahead = PREFETCH.submit(() -> readData(start, n[1], n[2]));
+            aheadSpan = n;
+            ahead = PREFETCH.submit(() -> readData(end, n[1], n[2]));
         }
         for (ColumnVector c : cols) {
             if (c instanceof SliceVector v) v.reset(v == topicV ? topicUtf8 : raw);
@@ -257,7 +265,7 @@ final class SegmentReader implements PartitionReader<ColumnarBatch> {
     /** `.data` bytes [lo, hi) for the batch from kept entry `start`; a short file means a
      * frame reaches past its end. */
     private byte[] readData(int start, long lo, long hi) throws IOException {
-        long size = data.size();
+        long size = dataSize;
         if (hi > size) {
             for (int i = start; i < kept; i++) {
                 if (offs[i] + lens[i] > size) {
