@@ -24,6 +24,7 @@ import orjson
 import pytest
 
 from tests.support.process import ServerProcess
+from topics.config import ServerConfig
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -118,7 +119,14 @@ def measured(server: ServerProcess, path: str, body: bytes) -> tuple[int, bytes,
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[ServerProcess]:
-    s = ServerProcess(tmp_path, {"TOPICS_MAX_BODY_BYTES": str(64 * 1024 * 1024)})
+    # The server's own WAL file size (64 MiB): one WAL file must hold the ~60 MB batch.
+    s = ServerProcess(
+        tmp_path,
+        {
+            "TOPICS_MAX_BODY_BYTES": str(64 * 1024 * 1024),
+            "TOPICS_WAL_FILE_BYTES": str(ServerConfig().wal_file_bytes),
+        },
+    )
     yield s
     assert s.stop() == 0, s.log_text()
 

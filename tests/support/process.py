@@ -9,7 +9,10 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["ServerProcess"]
+__all__ = ["TEST_WAL_FILE_BYTES", "ServerProcess"]
+
+#: The WAL file size of the servers and stores the tests start (bytes).
+TEST_WAL_FILE_BYTES = 4 * 1024 * 1024
 
 
 class ServerProcess:
@@ -28,6 +31,9 @@ class ServerProcess:
                 "TOPICS_DATA_DIR": str(tmp / "data"),
                 # The Kafka listener is off unless a test asks for it (9092 is shared).
                 "TOPICS_KAFKA_PORT": "0",
+                # 4 MiB WAL files unless a test asks for more: the 64 MiB default,
+                # zero-filled on every shard, costs disk and start-up time per server.
+                "TOPICS_WAL_FILE_BYTES": str(TEST_WAL_FILE_BYTES),
             }
         )
         full_env.update(env or {})

@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from tests.support.process import TEST_WAL_FILE_BYTES
 from topics.clock import SystemClock
 from topics.engine.core import DiffParams, Engine, Replay
 from topics.engine.queues import Queues
@@ -58,6 +59,7 @@ class RealStore:
         checkpoint: CheckpointConfig | None = None,
         sync_interval_s: float = 0.005,
         timeout_s: float = 120.0,
+        wal_file_bytes: int = TEST_WAL_FILE_BYTES,
     ) -> None:
         self.data_dir = data_dir
         self.cfg = StorageConfig(
@@ -65,7 +67,7 @@ class RealStore:
             shards,
             # Periodic checkpoints off: the test decides when one runs.
             checkpoint or CheckpointConfig(interval_ms=0, wal_bytes=0),
-            {"sync_interval_s": sync_interval_s},
+            {"sync_interval_s": sync_interval_s, "file_bytes": wal_file_bytes},
         )
         self.timeout_s = timeout_s
         self.loop: asyncio.AbstractEventLoop | None = None
