@@ -260,7 +260,7 @@ def spark_export(args: argparse.Namespace) -> int:
     try:
         from topics.spark.export import export_parquet
     except ImportError as e:
-        return _usage(f"spark-export needs pyarrow: pip install 'topics[spark]' ({e})")
+        return _usage(f"spark-export needs pyarrow: pip install 'topics-server[spark]' ({e})")
     from topics.engine.frames import FrameCorrupt
     from topics.spark.segments import SegmentMissing
 
