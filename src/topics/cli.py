@@ -272,9 +272,9 @@ _DESCRIPTION = """\
 topics: a single-node event-log server with a JSON HTTP API, and its client.
 
 Run the server with `topics serve`; the other commands talk to a running server
-(produce, consume, watch, topics, routers, queues) or read a stopped server's data
-directory (verify, dump, repair, spark-export). `topics COMMAND --help` describes
-each one.
+(produce, consume, watch, ls/get/create/config/delete, routers, queue) or read a
+data directory directly (verify, dump, repair, spark-export). `topics COMMAND
+--help` describes each one.
 """
 
 _EPILOG = """\
