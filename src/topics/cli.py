@@ -381,6 +381,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     are described in :mod:`topics.tools`; the client commands (produce,
     consume, ...) in :mod:`topics.client.commands` and docs/CLI.md.
     """
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # KEY=VALUE arguments after an option (`create T --config J k=v`): argparse
+        # leaves them over; they belong to the command's pairs.
+        if isinstance(getattr(args, "pairs", None), list) and all(
+            "=" in x and not x.startswith("-") for x in extra
+        ):
+            args.pairs.extend(extra)
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if getattr(args, "client_command", None) is not None:
+        from topics.client import commands
+
+        return commands.run(args)
+    if args.cmd in ("verify", "dump", "spark-export", "repair"):
+        from topics import tools
+
+        return tools.run(args)
+
+    if args.cmd == "serve":
+        return _serve_command(args)
+    return 2  # pragma: no cover
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `topics` command's argument parser, every subcommand included."""
     raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
         prog="topics", description=_DESCRIPTION, epilog=_EPILOG, formatter_class=raw
@@ -405,49 +432,37 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     commands.add_subcommands(sub)
     tools.add_subcommands(sub)
-    args, extra = parser.parse_known_args(argv)
-    if extra:
-        # KEY=VALUE arguments after an option (`create T --config J k=v`): argparse
-        # leaves them over; they belong to the command's pairs.
-        if isinstance(getattr(args, "pairs", None), list) and all(
-            "=" in x and not x.startswith("-") for x in extra
-        ):
-            args.pairs.extend(extra)
-        else:
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    if getattr(args, "client_command", None) is not None:
-        return commands.run(args)
-    if args.cmd in ("verify", "dump", "spark-export", "repair"):
-        return tools.run(args)
+    return parser
 
-    if args.cmd == "serve":
-        env = dict(os.environ)
-        if args.host is not None:
-            env["TOPICS_HOST"] = args.host
-        if args.port is not None:
-            env["TOPICS_PORT"] = str(args.port)
-        if args.data_dir is not None:
-            env["TOPICS_DATA_DIR"] = args.data_dir
-        if args.port_file is not None:
-            env["TOPICS_PORT_FILE"] = args.port_file
-        try:
-            cfg = load_config(env)
-        except ConfigError as exc:
-            print(f"topics: {exc}", file=sys.stderr)
-            return 2
-        level = {"trace": "DEBUG", "debug": "DEBUG", "warn": "WARNING"}.get(
-            cfg.log_level, cfg.log_level.upper()
-        )
-        logging.basicConfig(
-            level=getattr(logging, level, logging.INFO),
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        )
-        try:
-            return _run(_serve(cfg))
-        except KeyboardInterrupt:  # Ctrl-C before the signal handlers are installed
-            print("topics: interrupted during startup", file=sys.stderr)
-            return 130
-    return 2  # pragma: no cover
+
+def _serve_command(args: argparse.Namespace) -> int:
+    """`topics serve`: the flags over the environment, then the server until it stops."""
+    env = dict(os.environ)
+    if args.host is not None:
+        env["TOPICS_HOST"] = args.host
+    if args.port is not None:
+        env["TOPICS_PORT"] = str(args.port)
+    if args.data_dir is not None:
+        env["TOPICS_DATA_DIR"] = args.data_dir
+    if args.port_file is not None:
+        env["TOPICS_PORT_FILE"] = args.port_file
+    try:
+        cfg = load_config(env)
+    except ConfigError as exc:
+        print(f"topics: {exc}", file=sys.stderr)
+        return 2
+    level = {"trace": "DEBUG", "debug": "DEBUG", "warn": "WARNING"}.get(
+        cfg.log_level, cfg.log_level.upper()
+    )
+    logging.basicConfig(
+        level=getattr(logging, level, logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return _run(_serve(cfg))
+    except KeyboardInterrupt:  # Ctrl-C before the signal handlers are installed
+        print("topics: interrupted during startup", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -164,16 +164,45 @@ _VERIFY_HELP = "check a data directory for corruption (fsck)"
 _DUMP_HELP = "print WAL frames and segment records of a data directory"
 
 
+_EXAMPLES = {
+    "verify": (
+        "  topics verify ./topics-data\n"
+        "  topics verify ./topics-data --json --no-progress\n"
+        "  topics verify ./topics-data --cold-dir s3://archive/topics"
+    ),
+    "dump": (
+        "  topics dump ./topics-data --segments --topic orders\n"
+        "  topics dump ./topics-data --wal --json | head"
+    ),
+    "spark-export": (
+        "  topics spark-export ./topics-data --to parquet ./export\n"
+        "  topics spark-export ./topics-data --to parquet ./export --topics orders,clicks"
+    ),
+    "repair": ("  topics repair ./topics-data --dry-run\n  topics repair ./topics-data"),
+}
+
+
 def add_subcommands(subparsers: Any) -> None:
-    """Add `verify` and `dump` to an argparse subparsers object.
+    """Add `verify`, `dump`, `spark-export` and `repair` to an argparse subparsers object.
 
     `subparsers` is what `ArgumentParser.add_subparsers()` returned; parsed
-    args carry `tools_command` ("verify"/"dump"), so :func:`run` can dispatch.
+    args carry `tools_command` (the command's name), so :func:`run` can dispatch.
     """
-    _verify_args(subparsers.add_parser("verify", help=_VERIFY_HELP, description=_VERIFY_HELP))
-    _dump_args(subparsers.add_parser("dump", help=_DUMP_HELP, description=_DUMP_HELP))
-    _export_args(subparsers.add_parser("spark-export", help=_EXPORT_HELP, description=_EXPORT_HELP))
-    _repair_args(subparsers.add_parser("repair", help=_REPAIR_HELP, description=_REPAIR_HELP))
+    for name, help_, add_args in (
+        ("verify", _VERIFY_HELP, _verify_args),
+        ("dump", _DUMP_HELP, _dump_args),
+        ("spark-export", _EXPORT_HELP, _export_args),
+        ("repair", _REPAIR_HELP, _repair_args),
+    ):
+        add_args(
+            subparsers.add_parser(
+                name,
+                help=help_,
+                description=help_,
+                epilog="examples:\n" + _EXAMPLES[name],
+                formatter_class=argparse.RawDescriptionHelpFormatter,
+            )
+        )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -812,6 +812,11 @@ def add_subcommands(sub: Any) -> None:
         help="manage topics: ls, get, create, config, delete",
         description="Manage topics. The same commands also work without the word"
         " `topic` (topics ls, topics get ...).",
+        epilog="examples:\n"
+        "  topics topic ls\n"
+        "  topics topic create orders --config '{\"cap_records\": 100000}'\n"
+        "  topics topic delete orders\n"
+        "`topics topic COMMAND --help` describes each command.",
         formatter_class=_FORMATTER,
     )
     tsub = tp.add_subparsers(dest="topic_cmd", required=True, metavar="COMMAND")
@@ -824,6 +829,11 @@ def add_subcommands(sub: Any) -> None:
         help="manage routers: ls, get, put, delete",
         description="Manage routers, which copy every new record of a source topic into a dest"
         " topic (docs/API.md section 11).",
+        epilog="examples:\n"
+        "  topics routers put orders-eu --source orders --dest orders.eu --filter 'eu:*'\n"
+        "  topics routers ls --source orders\n"
+        "  topics routers delete orders-eu\n"
+        "`topics routers COMMAND --help` describes each command.",
         formatter_class=_FORMATTER,
     )
     rsub = rp.add_subparsers(dest="router_cmd", required=True, metavar="COMMAND")
@@ -895,6 +905,10 @@ def add_subcommands(sub: Any) -> None:
         help="work a queue by hand: claim, ack, nack, extend",
         description="Lease queue jobs and settle them (docs/API.md section 14). A queue is a"
         " topic created with type=queue; jobs are written with `topics produce`.",
+        epilog="examples:\n"
+        "  topics queue claim jobs --node worker-1 --max 10\n"
+        "  topics queue ack jobs 4 5 --node worker-1\n"
+        "`topics queue COMMAND --help` describes each command.",
         formatter_class=_FORMATTER,
     )
     qsub = qp.add_subparsers(dest="queue_cmd", required=True, metavar="COMMAND")
