@@ -217,16 +217,36 @@ def test_watch_state_moves_cursors() -> None:
         '{"topic":"a","from_seq":0,"head_seq":3,"records":[{"$seq":2,"$ts":5,"data":"x"}],"to_seq":3}',
         "id1",
     )
-    assert st.frame(rec) == [Record("a", 2, 5, "x")]
+    assert list(st.frame(rec)) == [Record("a", 2, 5, "x")]
     tomb = SseFrame(
         "tombstone",
         '{"topic":"b","reason":"recreated","gap_from":1,"gap_to":2,"earliest_seq":3,"head_seq":2}',
         "id2",
     )
-    [t] = st.frame(tomb)
+    [t] = list(st.frame(tomb))
     assert isinstance(t, Tombstone) and t.missed == 2
     assert st.cursors == {"a": 3, "b": 2} and st.last_event_id == "id2"  # recreated: moved back
     assert st.session_body()["topics"] == {"a": {"from_seq": 3}, "b": {"from_seq": 2}}
     with pytest.raises(WatchEnded):
-        st.frame(SseFrame("error", '{"code":"server_shutting_down","message":"bye"}', None))
+        list(st.frame(SseFrame("error", '{"code":"server_shutting_down","message":"bye"}', None)))
     assert st.shutdown
+
+
+def test_a_watch_cursor_covers_only_what_was_handed_out() -> None:
+    """A consumer that stops in the middle of a frame resumes after its last event."""
+    st = WatchState(cursors={"a": 0}, tail=set(), options={})
+    records = ",".join(f'{{"$seq":{n},"$ts":5,"data":{n}}}' for n in (1, 2, 4))
+    # Seq 3 was filtered out (another node's record): to_seq covers it.
+    frame = SseFrame("record", f'{{"topic":"a","records":[{records}],"to_seq":5}}', "id1")
+    events = st.frame(frame)
+    seen = []
+    for ev in events:
+        seen.append(ev)
+        if len(seen) == 2:
+            break
+    assert [e.seq for e in seen if isinstance(e, Record)] == [1, 2]
+    assert st.cursors == {"a": 2}
+    assert [e.seq for e in events if isinstance(e, Record)] == [4]
+    assert st.cursors == {"a": 5}  # the last record carries the frame's to_seq
+    empty = SseFrame("record", '{"topic":"a","records":[],"to_seq":9}', "id2")
+    assert list(st.frame(empty)) == [] and st.cursors == {"a": 9}

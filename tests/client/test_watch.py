@@ -265,3 +265,36 @@ def test_async_watch_resumes_after_a_drop(server: ServerProcess, direct: Client)
         assert asyncio.run(main()) == [1, 2]
     finally:
         proxy.close()
+
+
+def test_a_watch_stopped_mid_frame_resumes_after_its_last_event(
+    server: ServerProcess, direct: Client
+) -> None:
+    """Four records arrive in one frame; a consumer that stops after the second
+    keeps cursor 2, and a watch from those cursors hands out 3 and 4 (sync and
+    async alike)."""
+    import asyncio
+
+    from topics.client import AsyncClient
+
+    direct.append("w.midframe", ["a", "b", "c", "d"])
+    with Client(server.base) as c:
+        w = c.watch(["w.midframe"])
+        for ev in w:
+            if isinstance(ev, Record) and ev.seq == 2:
+                break
+        w.close()
+        assert w.cursors == {"w.midframe": 2}
+        w2 = c.watch(w.cursors)
+        col = Collector(w2)
+        assert _records(col.until(lambda e: isinstance(e, CaughtUp))) == [3, 4]
+        w2.close()
+
+    async def stop_at_2() -> dict[str, int]:
+        async with AsyncClient(server.base) as ac, ac.watch(["w.midframe"]) as aw:
+            async for ev in aw:
+                if isinstance(ev, Record) and ev.seq == 2:
+                    break
+            return dict(aw.cursors)
+
+    assert asyncio.run(stop_at_2()) == {"w.midframe": 2}

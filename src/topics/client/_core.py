@@ -9,7 +9,7 @@ import os
 import random
 import socket
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -503,11 +503,16 @@ class WatchState:
                 self.tail.discard(name)
         return gone
 
-    def frame(self, f: SseFrame) -> list[Event]:
-        """The events of one frame, with the cursors moved past it.
+    def frame(self, f: SseFrame) -> Iterator[Event]:
+        """The events of one frame, one at a time, each topic's cursor moved as each
+        event is handed out: to a record's own seq, and to the frame's `to_seq`
+        with its last record (docs/CLIENT.md, "Watching topics live"). A consumer
+        that stops in the middle of a frame keeps a cursor that covers exactly the
+        events it got, so resuming from it skips nothing.
 
-        Raises WatchEnded on the shutdown frame, and after the frame that removed
-        the last topic.
+        Raises WatchEnded on the shutdown frame, TopicsError on another error
+        frame. (Ending the watch after the frame that removed the last topic is
+        the caller's part.)
         """
         if f.event == "error":
             try:
@@ -523,25 +528,31 @@ class WatchState:
         try:
             d = orjson.loads(f.data)
         except orjson.JSONDecodeError:
-            return []
+            return
         if not isinstance(d, dict) or "topic" not in d:
-            return []
+            return
         topic = str(d["topic"])
-        out: list[Event] = []
         if f.event == "record":
-            out = [Record.from_json(topic, r) for r in d.get("records") or []]
-            self._move(topic, int(d.get("to_seq", 0)))
+            records = [Record.from_json(topic, r) for r in d.get("records") or []]
+            to_seq = int(d.get("to_seq", 0))
+            last = len(records) - 1
+            for i, rec in enumerate(records):
+                self._move(topic, to_seq if i == last else rec.seq)
+                yield rec
+            if not records:  # every record filtered out: the cursor still moves
+                self._move(topic, to_seq)
         elif f.event == "tombstone":
-            out = [Tombstone.from_json(topic, d)]
+            tomb = Tombstone.from_json(topic, d)
             self._move(topic, int(d["gap_to"]))
+            yield tomb
         elif f.event == "caught-up":
-            out = [CaughtUp(topic, int(d.get("head_seq", 0)))]
-            self._move(topic, int(d.get("head_seq", 0)))
+            head = int(d.get("head_seq", 0))
+            self._move(topic, head)
+            yield CaughtUp(topic, head)
         elif f.event == "topic-deleted":
             self.cursors.pop(topic, None)
             self.tail.discard(topic)
-            out = [TopicDeleted(topic)]
-        return out
+            yield TopicDeleted(topic)
 
     def _move(self, topic: str, seq: int) -> None:
         # The server's cursor, as sent: a `recreated` tombstone moves it back.
