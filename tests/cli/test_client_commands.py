@@ -172,6 +172,15 @@ def test_errors_are_one_line(server: ServerProcess) -> None:
     )
     usage = run("consume", url=u)
     assert usage.returncode == 2 and "usage: topics consume" in usage.stderr
+    # A url that cannot be one is a usage error, before any request.
+    assert fails(run("ls", "--url", "nonsense:port"), 2) == (
+        "topics: server url 'http://nonsense:port' is not a valid url: "
+        "Port could not be cast to integer value as 'port'"
+    )
+    assert fails(run("ls", url="http://[::1"), 2).endswith("is not a valid url: Invalid IPv6 URL")
+    assert fails(run("ls", url="http://a\x01b"), 2).startswith(
+        "topics: server url 'http://a\\x01b' is not a valid url: Invalid non-printable"
+    )
 
 
 def test_url_flag_and_token(server: ServerProcess) -> None:

@@ -157,6 +157,33 @@ def test_error_mapping() -> None:
     assert type(unknown) is TopicsError and unknown.code == "teapot"
 
 
+def test_an_answer_from_another_server_is_one_line_that_says_so() -> None:
+    page = b"<!DOCTYPE HTML>\n<html>\n<head><title>Error</title></head>\n<body>\n"
+    page += b"<p>Error code: 404</p>\n<p>Message: File not found.</p>\n" * 20 + b"</body></html>\n"
+    e = error_from_response(404, page)
+    assert type(e) is NotFound and e.code == "http_404"
+    assert "\n" not in e.message and "<" not in e.message and len(e.message) < 220
+    assert "Error code: 404" in e.message and "topics server" in e.message
+    empty = error_from_response(404, b"")
+    assert "\n" not in empty.message and "empty body" in empty.message
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("nonsense:port", "not a valid url"),
+        ("http://[::1", "not a valid url"),
+        ("http://127.0.0.1:99999", "not a valid url"),
+        ("http://:80", "names no host"),
+        ("http://127.0.0.1:0", "port 0"),
+        ("ftp://example.com", "must start with http"),
+    ],
+)
+def test_a_bad_server_url_is_refused_before_any_request(url: str, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        Client(url)
+
+
 def test_env_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[httpx.Request] = []
 

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import orjson
 
@@ -56,12 +56,25 @@ _RECORD_KEYS = frozenset({"data", "tag", "node", "meta"})
 
 
 def resolve_url(url: str | None) -> str:
-    """`url`, else `$TOPICS_URL`, else http://127.0.0.1:4000; `host:port` alone gets http://."""
+    """`url`, else `$TOPICS_URL`, else http://127.0.0.1:4000; `host:port` alone gets http://.
+
+    Raises ValueError, naming the url, when it is not http(s), has no host, or
+    has a port that is not a number from 1 to 65535.
+    """
     u = (url or os.environ.get("TOPICS_URL") or DEFAULT_URL).strip().rstrip("/")
     if "://" not in u:
         u = "http://" + u
     if not u.startswith(("http://", "https://")):
         raise ValueError(f"server url {u!r} must start with http:// or https://")
+    try:
+        parts = urlsplit(u)
+        port = parts.port
+    except ValueError as e:
+        raise ValueError(f"server url {u!r} is not a valid url: {e}") from None
+    if not parts.hostname:
+        raise ValueError(f"server url {u!r} names no host")
+    if port == 0:
+        raise ValueError(f"server url {u!r}: port 0 cannot be connected to")
     return u
 
 

@@ -10,8 +10,11 @@ also a :class:`TopicsError`, so ``except TopicsError`` covers every failure.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
+
+import orjson
 
 __all__ = [
     "TopicsError",
@@ -226,27 +229,38 @@ def parse_retry_after(header: str | None, detail: Mapping[str, Any] | None = Non
     return out
 
 
+def _foreign_answer(status: int, body: bytes) -> str:
+    """One line for an answer without the error envelope: not from a topics server,
+    or from something in between (a proxy, a load balancer)."""
+    text = re.sub(r"<[^>]*>", " ", body[:2000].decode("utf-8", "replace"))
+    text = " ".join(text.split())
+    if len(text) > 120:
+        text = text[:117] + "..."
+    what = repr(text) if text else "an empty body"
+    return f"HTTP {status} without a topics error body ({what}); is the url a topics server's?"
+
+
 def error_from_response(
     status: int, body: bytes, retry_after_header: str | None = None
 ) -> TopicsError:
     """The exception for a non-2xx answer: the envelope's code picks the class.
 
-    A body that is not the envelope (a proxy's error page, say) gives the
-    status's class with code ``"http_<status>"`` and the start of the body as
-    the message.
+    A body that is not the envelope (a proxy's error page, another server)
+    gives the status's class with code ``"http_<status>"`` and a one-line
+    message that says so, quoting the start of the body's text.
     """
-    import json
-
-    code, message, detail = f"http_{status}", body[:300].decode("utf-8", "replace"), {}
+    code, message, detail = f"http_{status}", "", {}
     try:
-        err = json.loads(body)["error"]
+        err = orjson.loads(body)["error"]
         if isinstance(err, dict):
             code = str(err.get("code", code))
-            message = str(err.get("message", message))
+            message = str(err.get("message", ""))
             d = err.get("detail")
             detail = d if isinstance(d, dict) else {}
-    except (ValueError, KeyError, TypeError):
+    except (orjson.JSONDecodeError, KeyError, TypeError):
         pass
+    if code == f"http_{status}" and not message:
+        message = _foreign_answer(status, body)
     cls = (
         _BY_CODE.get(code)
         or _BY_STATUS.get(status)
