@@ -68,3 +68,4 @@ def test_client_md_examples_run(server: ServerProcess, tmp_path: Path) -> None:
             timeout=60,
         )
         assert p.returncode == 0, f"{block}\n--- stdout\n{p.stdout}\n--- stderr\n{p.stderr}"
+        assert "Traceback" not in p.stderr, f"{block}\n--- stderr\n{p.stderr}"
