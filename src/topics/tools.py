@@ -241,7 +241,9 @@ def repair(data_dir: str, *, dry_run: bool = False, fs: Fs | None = None) -> int
     1: damage found with `--dry-run`, or damage that cannot be salvaged
     automatically; 2: not a data directory, or it is in use.
     """
-    err = _data_dir_error(data_dir)
+    # Checked before the lock is taken: taking it would create `.topics.lock` in a
+    # directory that is not a data directory, and make it look like one.
+    err = _data_dir_error(data_dir) or _not_a_data_dir(data_dir)
     if err is not None:
         return _usage(err)
     fs = fs or RealFs()
@@ -869,7 +871,7 @@ def dump(
     JSON `"tier": "cold"`). Returns 0, 1 when a file or object cannot be read
     (the object store failing included), 2 on a usage error.
     """
-    err = _data_dir_error(data_dir) if fs is None else None
+    err = (_data_dir_error(data_dir) or _not_a_data_dir(data_dir)) if fs is None else None
     err = err or _cold_dir_error(cold_dir, local=fs is None)
     if err is not None:
         return _usage(err)

@@ -220,8 +220,20 @@ def test_dump_shows_torn_end_and_bad_records(tmp_path: Path, capsys: Capsys) -> 
 
 def test_dump_usage_errors(tmp_path: Path, capsys: Capsys) -> None:
     assert tools.main_dump([str(tmp_path / "missing")]) == 2
+    (tmp_path / "wal").mkdir()
     assert tools.main_dump([str(tmp_path), "--topic", "xyz"]) == 2
     assert "not a hex topic id" in capsys.readouterr().err
+
+
+def test_dump_and_repair_refuse_a_directory_that_is_not_a_data_dir(
+    tmp_path: Path, capsys: Capsys
+) -> None:
+    (tmp_path / "notes.txt").write_text("x")
+    for argv in (["dump", str(tmp_path)], ["repair", str(tmp_path), "--dry-run"]):
+        assert tools.main(argv) == 2
+        assert "is not a topics data directory" in capsys.readouterr().err
+    # Refused before the lock was taken: no `.topics.lock` makes it look like one.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 
 # -- wiring ------------------------------------------------------------------------
