@@ -4,6 +4,7 @@ the error mapping, the SSE parser and the watch's cursor bookkeeping."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import httpx
 import orjson
@@ -13,6 +14,7 @@ from topics.client import (
     BadRequest,
     Client,
     ConnectionFailed,
+    DiffPage,
     InsufficientStorage,
     NotFound,
     NotReady,
@@ -23,8 +25,9 @@ from topics.client import (
     TopicNotFound,
     TopicsError,
 )
-from topics.client._core import SseFrame, SseParser, WatchEnded, WatchState
+from topics.client._core import SseFrame, SseParser, WatchEnded, WatchState, diff_items
 from topics.client.errors import error_from_response
+from topics.engine.watch import decode_composite_id
 
 APPEND_OK = {
     "topic": "t",
@@ -252,7 +255,9 @@ def test_watch_state_moves_cursors() -> None:
     )
     [t] = list(st.frame(tomb))
     assert isinstance(t, Tombstone) and t.missed == 2
-    assert st.cursors == {"a": 3, "b": 2} and st.last_event_id == "id2"  # recreated: moved back
+    assert st.cursors == {"a": 3, "b": 2}  # recreated: moved back
+    # A reconnect rewinds the session to exactly these cursors (the server's id format).
+    assert decode_composite_id(st.resume_id()) == {"a": 3, "b": 2}
     assert st.session_body()["topics"] == {"a": {"from_seq": 3}, "b": {"from_seq": 2}}
     with pytest.raises(WatchEnded):
         list(st.frame(SseFrame("error", '{"code":"server_shutting_down","message":"bye"}', None)))
@@ -277,3 +282,130 @@ def test_a_watch_cursor_covers_only_what_was_handed_out() -> None:
     assert st.cursors == {"a": 5}  # the last record carries the frame's to_seq
     empty = SseFrame("record", '{"topic":"a","records":[],"to_seq":9}', "id2")
     assert list(st.frame(empty)) == [] and st.cursors == {"a": 9}
+
+
+def test_a_recreated_tombstone_leaves_the_cursor_before_the_new_records() -> None:
+    """A cursor beyond the head of a topic made again: the tombstone covers 1..head and
+    the new topic's records follow; stopping after the tombstone must not skip them."""
+    tomb = (
+        '{"topic":"a","reason":"recreated","gap_from":1,"gap_to":3,"earliest_seq":1,"head_seq":3}'
+    )
+    st = WatchState(cursors={"a": 10}, tail=set(), options={})
+    [t] = list(st.frame(SseFrame("tombstone", tomb, "id1")))
+    assert isinstance(t, Tombstone) and t.reason == "recreated"
+    assert st.cursors == {"a": 0}
+    page = DiffPage.from_json(
+        {
+            "topic": "a",
+            "records": [{"$seq": n, "$ts": 1, "data": n} for n in (1, 2, 3)],
+            "next_from_seq": 3,
+            "head_seq": 3,
+            "earliest_seq": 1,
+            "caught_up": True,
+            "tombstone": orjson.loads(tomb) | {"missed_estimate": 3},
+        }
+    )
+    assert [at for _item, at in diff_items(page)] == [0, 1, 2, 3]
+
+
+def _sse(*frames: tuple[str, str]) -> bytes:
+    return b"".join(f"id: x\nevent: {event}\ndata: {data}\n\n".encode() for event, data in frames)
+
+
+class _Streams:
+    """A watch server in a MockTransport: POST /v0/watch makes `wid_1`; each GET of
+    its stream takes the next answer from `answers` and records its headers."""
+
+    def __init__(self, *answers: httpx.Response) -> None:
+        self.answers = list(answers)
+        self.gets: list[httpx.Headers] = []
+
+    def __call__(self, req: httpx.Request) -> httpx.Response:
+        if req.method == "POST":
+            body = {"wid": "wid_1", "topics": {"a": {"from_seq": 0, "head_seq": 1}}}
+            return httpx.Response(200, json=body | {"stream_url": "/v0/watch/wid_1"})
+        self.gets.append(req.headers)
+        return self.answers.pop(0)
+
+
+def _record(seq: int) -> tuple[str, str]:
+    rec = {"$seq": seq, "$ts": 1, "data": seq}
+    return ("record", orjson.dumps({"topic": "a", "records": [rec], "to_seq": seq}).decode())
+
+
+def test_a_watch_retries_a_stream_refused_while_the_server_replays() -> None:
+    """503 not_ready (a restart's log replay) or 429 on the stream: wait, reconnect,
+    and rewind the session to the cursors handed out."""
+    streams = _Streams(
+        httpx.Response(200, content=_sse(_record(1))),
+        httpx.Response(503, content=_envelope("not_ready"), headers={"retry-after": "0"}),
+        httpx.Response(429, content=_envelope("throttled"), headers={"retry-after": "0"}),
+        httpx.Response(200, content=_sse(_record(2))),
+    )
+    with Client("http://server.test", transport=httpx.MockTransport(streams)) as c:
+        w = c.watch(["a"], reconnect_timeout=30)
+        got = []
+        for ev in w:
+            got.append(ev.seq)  # type: ignore[union-attr]
+            if len(got) == 2:
+                break
+        assert got == [1, 2] and w.reconnects == 3
+    assert [decode_composite_id(h["last-event-id"]) for h in streams.gets] == [
+        {"a": 0},
+        {"a": 1},
+        {"a": 1},
+        {"a": 1},
+    ]
+
+
+def test_heartbeats_keep_a_quiet_watch_alive_past_its_reconnect_timeout() -> None:
+    """`reconnect_timeout` counts from the last sign of life (a heartbeat included),
+    not from the last event: a quiet live tail survives a dropped connection."""
+
+    def quiet() -> Iterator[bytes]:
+        for _ in range(6):
+            time.sleep(0.1)
+            yield b": hb\n\n"
+
+    streams = _Streams(
+        httpx.Response(200, content=_sse(_record(1))),
+        httpx.Response(200, content=quiet()),
+        httpx.Response(200, content=_sse(_record(2))),
+    )
+    with Client("http://server.test", transport=httpx.MockTransport(streams)) as c:
+        got = []
+        for ev in c.watch(["a"], reconnect_timeout=0.3):
+            got.append(ev.seq)  # type: ignore[union-attr]
+            if len(got) == 2:
+                break
+    assert got == [1, 2]
+
+
+def test_an_async_watch_retries_a_refused_stream_and_rewinds_too() -> None:
+    import asyncio
+
+    from topics.client import AsyncClient
+
+    streams = _Streams(
+        httpx.Response(200, content=_sse(_record(1))),
+        httpx.Response(503, content=_envelope("not_ready"), headers={"retry-after": "0"}),
+        httpx.Response(200, content=_sse(_record(2))),
+    )
+
+    async def main() -> tuple[list[int], int]:
+        got: list[int] = []
+        transport = httpx.MockTransport(streams)
+        async with AsyncClient("http://server.test", transport=transport) as c:
+            async with c.watch(["a"], reconnect_timeout=30) as w:
+                async for ev in w:
+                    got.append(ev.seq)  # type: ignore[union-attr]
+                    if len(got) == 2:
+                        break
+                return got, w.reconnects
+
+    assert asyncio.run(main()) == ([1, 2], 2)
+    assert [decode_composite_id(h["last-event-id"]) for h in streams.gets] == [
+        {"a": 0},
+        {"a": 1},
+        {"a": 1},
+    ]

@@ -5,6 +5,7 @@ Nothing here does I/O.
 
 from __future__ import annotations
 
+import base64
 import os
 import random
 import socket
@@ -24,6 +25,7 @@ from topics.client.models import (
     DeleteRecordsResult,
     DeleteRouterResult,
     DeleteTopicResult,
+    DiffPage,
     Event,
     ExtendResult,
     Health,
@@ -478,6 +480,39 @@ class WatchEnded(Exception):
         self.reason = reason
 
 
+def cursor_after(tomb: Tombstone) -> int:
+    """The cursor once `tomb` is handed out: its `gap_to`, except for `recreated`.
+
+    A `recreated` tombstone (a cursor beyond the head of a topic made again)
+    covers `1..head_seq`, and the records of the new topic follow from
+    `earliest_seq`: the cursor goes to just before them, so a reader that stops
+    after the tombstone still gets them when it resumes (docs/API.md, "9.").
+    """
+    if tomb.reason == "recreated":
+        return max(0, min(tomb.gap_to, tomb.earliest_seq - 1))
+    return tomb.gap_to
+
+
+def diff_items(page: DiffPage) -> list[tuple[Record | Tombstone, int]]:
+    """A diff page's tombstone and records, each with the reader's cursor once it
+    is handed out; the last item carries the page's `next_from_seq`."""
+    items: list[Record | Tombstone] = []
+    if page.tombstone is not None:
+        items.append(page.tombstone)
+    items.extend(page.records)
+    last = len(items) - 1
+    out: list[tuple[Record | Tombstone, int]] = []
+    for i, item in enumerate(items):
+        if i == last:
+            at = page.next_from_seq
+        elif isinstance(item, Record):
+            at = item.seq
+        else:
+            at = cursor_after(item)
+        out.append((item, at))
+    return out
+
+
 @dataclass(slots=True)
 class WatchState:
     """The cursors of a watch, as the frames it has handed out moved them
@@ -486,7 +521,6 @@ class WatchState:
     cursors: dict[str, int]
     tail: set[str]
     options: dict[str, Any]
-    last_event_id: str | None = None
     wid: str | None = None
     shutdown: bool = False
 
@@ -502,7 +536,6 @@ class WatchState:
         """A session was created: tail cursors become real ones; topics the server
         left out (gone meanwhile, under `lenient`) are reported deleted."""
         self.wid = str(session["wid"])
-        self.last_event_id = None
         starts = session.get("topics") or {}
         gone: list[Event] = []
         for name in list(self.cursors):
@@ -536,8 +569,6 @@ class WatchState:
                 self.shutdown = True
                 raise WatchEnded("shutdown")
             raise TopicsError(0, str(code or "stream_error"), f.data)
-        if f.id is not None:
-            self.last_event_id = f.id
         try:
             d = orjson.loads(f.data)
         except orjson.JSONDecodeError:
@@ -556,7 +587,7 @@ class WatchState:
                 self._move(topic, to_seq)
         elif f.event == "tombstone":
             tomb = Tombstone.from_json(topic, d)
-            self._move(topic, int(d["gap_to"]))
+            self._move(topic, cursor_after(tomb))
             yield tomb
         elif f.event == "caught-up":
             head = int(d.get("head_seq", 0))
@@ -566,6 +597,14 @@ class WatchState:
             self.cursors.pop(topic, None)
             self.tail.discard(topic)
             yield TopicDeleted(topic)
+
+    def resume_id(self) -> str:
+        """The `Last-Event-ID` that rewinds a session to this watch's cursors: what
+        it handed out, which may be less than the frames the server sent before a
+        connection broke (docs/API.md, "12.2", "12.3": base64url of the sorted
+        JSON cursor map; the server only ever moves a cursor back)."""
+        raw = orjson.dumps(self.cursors, option=orjson.OPT_SORT_KEYS)
+        return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
     def _move(self, topic: str, seq: int) -> None:
         # The server's cursor, as sent: a `recreated` tombstone moves it back.

@@ -25,8 +25,10 @@ from topics.client._core import Call, Retry, WatchEnded, WatchState, seg
 from topics.client.errors import (
     ConnectionFailed,
     NotFound,
+    Throttled,
     TopicNotFound,
     TopicsError,
+    Unavailable,
     error_from_response,
 )
 from topics.client.models import (
@@ -159,9 +161,14 @@ class AsyncClient:
         *,
         params: Mapping[str, str] | None = None,
         json: Any = None,
+        content: bytes | None = None,
+        safe: bool = True,
     ) -> Json:
-        """Any `/v0` route: the JSON answer (see :meth:`topics.client.Client.request`)."""
-        return (await self._send(Call(method, path, dict(params) if params else None, json)))[1]
+        """Any `/v0` route: the JSON answer (see :meth:`topics.client.Client.request`,
+        which takes the same arguments)."""
+        body = content if content is not None else json
+        call = Call(method, path, dict(params) if params else None, body, safe=safe)
+        return (await self._send(call))[1]
 
     # -- probes and metrics ----------------------------------------------------------
 
@@ -250,7 +257,7 @@ class AsyncClient:
     async def delete_topic(self, topic: str, *, if_empty: bool = False) -> DeleteTopicResult:
         """`DELETE /v0/topics/:topic`."""
         params = {"if_empty": "true"} if if_empty else None
-        call = Call("DELETE", f"/v0/topics/{seg(topic)}", params)
+        call = Call("DELETE", f"/v0/topics/{seg(topic)}", params, safe=False)  # see Client
         return _core.delete_topic_result((await self._send(call))[1])
 
     # -- writing -----------------------------------------------------------------------
@@ -316,7 +323,10 @@ class AsyncClient:
             body["match"] = _core.tag_filter(match)
         if not body:
             raise ValueError("delete_records needs before_seq or match")
-        call = Call("POST", f"/v0/topics/{seg(topic)}/delete", None, body)
+        # A tag delete covers the records stored when it runs; repeated after a lost
+        # answer it would also take ones written since, so only a refused
+        # connection is retried. A before_seq delete is the same when repeated.
+        call = Call("POST", f"/v0/topics/{seg(topic)}/delete", None, body, safe=match is None)
         return _core.delete_records_result((await self._send(call))[1])
 
     # -- reading -----------------------------------------------------------------------
@@ -625,14 +635,8 @@ class AsyncReader:
         page = DiffPage.from_json((await self.client._send(call, extra_timeout=wait / 1000))[1])
         self.head_seq = page.head_seq
         self.caught_up = page.caught_up
-        items: list[Record | Tombstone] = []
-        if page.tombstone is not None:
-            items.append(page.tombstone)
-        items.extend(page.records)
-        for i, item in enumerate(items):
-            last = i == len(items) - 1
-            at = item.seq if isinstance(item, Record) else item.gap_to
-            self._buf.append((item, page.next_from_seq if last else at))
+        items = _core.diff_items(page)
+        self._buf.extend(items)
         if not items:
             self.cursor = page.next_from_seq
         if page.caught_up and not self._follow:
@@ -663,6 +667,8 @@ class AsyncWatch:
         self._read_timeout = read_timeout
         self._closed = False
         self._response: httpx.Response | None = None
+        #: When the stream last showed the server alive: connected, or any line read.
+        self._last_ok = time.monotonic()
         self.reconnects = 0
         self.ended_by: str | None = None
 
@@ -698,7 +704,7 @@ class AsyncWatch:
             yield ev
         retry = self.client.retry
         failures = 0
-        last_ok = time.monotonic()
+        self._last_ok = time.monotonic()
         while not self._closed:
             if not st.cursors:
                 self.ended_by = "deleted"
@@ -706,7 +712,6 @@ class AsyncWatch:
             try:
                 async for ev in self._stream():
                     failures = 0
-                    last_ok = time.monotonic()
                     yield ev
                 if not st.cursors:
                     continue
@@ -727,6 +732,10 @@ class AsyncWatch:
                 problem.__cause__ = e
             except ConnectionFailed as e:
                 problem = e
+            except (Throttled, Unavailable) as e:
+                # Too many streams, or the server replaying its log after a restart:
+                # nothing was lost, try again once it says it is ready.
+                problem = e
             except NotFound as e:
                 if e.code != "not_found":
                     raise
@@ -734,11 +743,13 @@ class AsyncWatch:
                 continue
             if not self._reconnect:
                 raise problem
-            if self._give_up is not None and time.monotonic() - last_ok > self._give_up:
+            if self._give_up is not None and time.monotonic() - self._last_ok > self._give_up:
                 raise problem
             failures += 1
             self.reconnects += 1
-            wait = retry.delay(min(failures, 6), None)
+            wait = retry.delay(
+                min(failures, 6), problem if isinstance(problem, TopicsError) else None
+            )
             log.info("watch: %s; reconnecting in %.2f s", problem, wait)
             await asyncio.sleep(wait)
         self.ended_by = "closed"
@@ -753,8 +764,9 @@ class AsyncWatch:
             if not st.cursors:
                 return
         headers = {"accept": "text/event-stream"}
-        if st.last_event_id:
-            headers["last-event-id"] = st.last_event_id
+        # Always rewind to what was handed out: frames sent before a drop may not
+        # have reached this watch, whole or in part.
+        headers["last-event-id"] = st.resume_id()
         timeout = httpx.Timeout(self.client._timeout, read=self._read_timeout)
         async with self.client._http.stream(
             "GET", f"/v0/watch/{st.wid}", headers=headers, timeout=timeout
@@ -763,9 +775,11 @@ class AsyncWatch:
                 await r.aread()
                 raise error_from_response(r.status_code, r.content, r.headers.get("retry-after"))
             self._response = r
+            self._last_ok = time.monotonic()  # connected
             try:
                 parser = _core.SseParser()
                 async for line in r.aiter_lines():
+                    self._last_ok = time.monotonic()  # a heartbeat counts too
                     frame = parser.feed(line)
                     if frame is None:
                         continue

@@ -23,8 +23,10 @@ from topics.client._core import Call, Retry, WatchEnded, WatchState, seg
 from topics.client.errors import (
     ConnectionFailed,
     NotFound,
+    Throttled,
     TopicNotFound,
     TopicsError,
+    Unavailable,
     error_from_response,
 )
 from topics.client.models import (
@@ -78,8 +80,9 @@ class Client:
     after the ``Retry-After`` the server sent (at most `max_retry_wait`
     seconds); a refused request changed nothing, so this is always safe
     (docs/API.md, "3.1 The envelope"). A connection failure is retried only
-    where repeating the request cannot apply it twice: reads, PUTs, deletes,
-    and appends that carry an idempotency key. With `auto_idempotency` (the
+    where repeating the request cannot apply it twice: reads, PUTs, router
+    deletes, `before_seq` deletes, and appends that carry an idempotency key
+    (not topic deletes, tag deletes or claims). With `auto_idempotency` (the
     default) every append without a key of its own gets a fresh one, so its
     retries are safe too (docs/API.md, "7.2 Idempotent writes").
 
@@ -283,7 +286,8 @@ class Client:
         (`deleted` False). `if_empty` raises TopicNotEmpty when records are live."""
         params = {"if_empty": "true"} if if_empty else None
         return _core.delete_topic_result(
-            self._send(Call("DELETE", f"/v0/topics/{seg(topic)}", params))[1]
+            # Not repeated after a lost answer: the topic may have been created again since.
+            self._send(Call("DELETE", f"/v0/topics/{seg(topic)}", params, safe=False))[1]
         )
 
     # -- writing (docs/API.md, "7. Appending records") -----------------------------------
@@ -365,7 +369,10 @@ class Client:
             body["match"] = _core.tag_filter(match)
         if not body:
             raise ValueError("delete_records needs before_seq or match")
-        call = Call("POST", f"/v0/topics/{seg(topic)}/delete", None, body)
+        # A tag delete covers the records stored when it runs; repeated after a lost
+        # answer it would also take ones written since, so only a refused
+        # connection is retried. A before_seq delete is the same when repeated.
+        call = Call("POST", f"/v0/topics/{seg(topic)}/delete", None, body, safe=match is None)
         return _core.delete_records_result(self._send(call)[1])
 
     # -- reading (docs/API.md, "8. Reading: diff, cursors and pagination") --------------
@@ -761,14 +768,8 @@ class Reader:
     def _take(self, page: DiffPage) -> None:
         self.head_seq = page.head_seq
         self.caught_up = page.caught_up
-        items: list[Record | Tombstone] = []
-        if page.tombstone is not None:
-            items.append(page.tombstone)
-        items.extend(page.records)
-        for i, item in enumerate(items):
-            last = i == len(items) - 1
-            at = item.seq if isinstance(item, Record) else item.gap_to
-            self._buf.append((item, page.next_from_seq if last else at))
+        items = _core.diff_items(page)
+        self._buf.extend(items)
         if not items:
             self.cursor = page.next_from_seq
         if page.caught_up and not self._follow:
@@ -805,6 +806,8 @@ class Watch:
         self._read_timeout = read_timeout
         self._closed = False
         self._response: httpx.Response | None = None
+        #: When the stream last showed the server alive: connected, or any line read.
+        self._last_ok = time.monotonic()
         self.reconnects = 0
         self.ended_by: str | None = None
 
@@ -846,7 +849,7 @@ class Watch:
         )
         retry = self.client.retry
         failures = 0
-        last_ok = time.monotonic()
+        self._last_ok = time.monotonic()
         while not self._closed:
             if not st.cursors:
                 self.ended_by = "deleted"
@@ -854,7 +857,6 @@ class Watch:
             try:
                 for ev in self._stream():
                     failures = 0
-                    last_ok = time.monotonic()
                     yield ev
                 if not st.cursors:
                     continue
@@ -875,6 +877,10 @@ class Watch:
                 problem.__cause__ = e
             except ConnectionFailed as e:
                 problem = e
+            except (Throttled, Unavailable) as e:
+                # Too many streams, or the server replaying its log after a restart:
+                # nothing was lost, try again once it says it is ready.
+                problem = e
             except NotFound as e:
                 if e.code != "not_found":
                     raise
@@ -882,11 +888,13 @@ class Watch:
                 continue
             if not self._reconnect:
                 raise problem
-            if self._give_up is not None and time.monotonic() - last_ok > self._give_up:
+            if self._give_up is not None and time.monotonic() - self._last_ok > self._give_up:
                 raise problem
             failures += 1
             self.reconnects += 1
-            wait = retry.delay(min(failures, 6), None)
+            wait = retry.delay(
+                min(failures, 6), problem if isinstance(problem, TopicsError) else None
+            )
             log.info("watch: %s; reconnecting in %.2f s", problem, wait)
             time.sleep(wait)
         self.ended_by = "closed"
@@ -901,8 +909,9 @@ class Watch:
             if not st.cursors:
                 return
         headers = {"accept": "text/event-stream"}
-        if st.last_event_id:
-            headers["last-event-id"] = st.last_event_id
+        # Always rewind to what was handed out: frames sent before a drop may not
+        # have reached this watch, whole or in part.
+        headers["last-event-id"] = st.resume_id()
         timeout = httpx.Timeout(self.client._timeout, read=self._read_timeout)
         with self.client._http.stream(
             "GET", f"/v0/watch/{st.wid}", headers=headers, timeout=timeout
@@ -911,9 +920,11 @@ class Watch:
                 r.read()
                 raise error_from_response(r.status_code, r.content, r.headers.get("retry-after"))
             self._response = r
+            self._last_ok = time.monotonic()  # connected
             try:
                 parser = _core.SseParser()
                 for line in r.iter_lines():
+                    self._last_ok = time.monotonic()  # a heartbeat counts too
                     frame = parser.feed(line)
                     if frame is None:
                         continue
