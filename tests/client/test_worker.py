@@ -120,3 +120,23 @@ def test_async_worker_keeps_the_lease_alive(server: ServerProcess) -> None:
             assert (stats2.acked, stats2.lost) == (1, 0)
 
     asyncio.run(main())
+
+
+def test_a_lost_lease_is_that_lease_only(client: Client) -> None:
+    """A handler outlives its lease (no extends): the ack is skipped and that lease is
+    lost; the same job, claimed again with a new lease, is not reported lost."""
+    client.put_topic("q.lost", type="queue", lease_ms=LEASE_MS)
+    client.append("q.lost", ["job"])
+    worker = client.worker("q.lost", "w1", extend_every_ms=60_000)
+    first: list[Job] = []
+    at_start: list[bool] = []
+
+    def handler(job: Job) -> None:
+        at_start.append(worker.lost(job))
+        if job.deliveries == 1:
+            first.append(job)
+            time.sleep(LEASE_MS * 2 / 1000)  # the lease runs out meanwhile
+
+    stats = worker.run(handler, max_jobs=2)
+    assert at_start == [False, False], "the second delivery's new lease was reported lost"
+    assert worker.lost(first[0]) and (stats.handled, stats.acked, stats.lost) == (2, 1, 1)

@@ -513,6 +513,16 @@ def diff_items(page: DiffPage) -> list[tuple[Record | Tombstone, int]]:
     return out
 
 
+def lost_leases(jobs: Iterable[Job], skipped: Iterable[int]) -> set[tuple[int, str]]:
+    """The `(seq, lease_id)` leases among `jobs` whose seq the server `skipped`.
+
+    A worker keys lost leases by lease, not by seq: the same job claimed again
+    later carries a new lease, which is not lost.
+    """
+    gone = set(skipped)
+    return {(j.seq, j.lease_id) for j in jobs if j.seq in gone}
+
+
 @dataclass(slots=True)
 class WatchState:
     """The cursors of a watch, as the frames it has handed out moved them

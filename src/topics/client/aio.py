@@ -821,7 +821,7 @@ class AsyncWorker:
         self.nack_delay_ms = nack_delay_ms
         self.stats = WorkerStats()
         self._held: dict[int, Job] = {}
-        self._lost: set[int] = set()
+        self._lost: set[tuple[int, str]] = set()  # (seq, lease_id)
         self._stop = asyncio.Event()
 
     def stop(self) -> None:
@@ -830,7 +830,7 @@ class AsyncWorker:
 
     def lost(self, job: Job) -> bool:
         """Whether `job`'s lease could not be kept."""
-        return job.seq in self._lost
+        return (job.seq, job.lease_id) in self._lost
 
     async def _idle(self, seconds: float) -> None:
         try:
@@ -916,7 +916,7 @@ class AsyncWorker:
             skipped = True
         if skipped:
             self.stats.lost += 1
-            self._lost.add(job.seq)
+            self._lost.add((job.seq, job.lease_id))
 
     async def _keep(self, lease_ms: int, interval: float) -> None:
         while True:
@@ -930,4 +930,4 @@ class AsyncWorker:
                 log.warning("worker: extending %d lease(s) failed: %s", len(jobs), e)
                 continue
             self.stats.extends += 1
-            self._lost.update(r.skipped)
+            self._lost.update(_core.lost_leases(jobs, r.skipped))

@@ -972,7 +972,7 @@ class Worker:
         self.nack_delay_ms = nack_delay_ms
         self.stats = WorkerStats()
         self._held: dict[int, Job] = {}
-        self._lost: set[int] = set()
+        self._lost: set[tuple[int, str]] = set()  # (seq, lease_id)
         self._lock = threading.Lock()
         self._stop = threading.Event()
 
@@ -983,7 +983,7 @@ class Worker:
     def lost(self, job: Job) -> bool:
         """Whether `job`'s lease could not be kept (another worker may get it)."""
         with self._lock:
-            return job.seq in self._lost
+            return (job.seq, job.lease_id) in self._lost
 
     def run(
         self,
@@ -1072,7 +1072,7 @@ class Worker:
         if skipped:
             self.stats.lost += 1
             with self._lock:
-                self._lost.add(job.seq)
+                self._lost.add((job.seq, job.lease_id))
 
     def _keep(self, lease_ms: int, interval: float) -> None:
         while not self._stop.wait(interval):
@@ -1088,4 +1088,4 @@ class Worker:
             self.stats.extends += 1
             if r.skipped:
                 with self._lock:
-                    self._lost.update(r.skipped)
+                    self._lost.update(_core.lost_leases(jobs, r.skipped))
