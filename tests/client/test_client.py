@@ -83,6 +83,20 @@ def test_tombstone_for_evicted_records(client: Client) -> None:
     assert [x.seq for x in events[1:]] == [8, 9, 10]
 
 
+def test_a_reader_stopped_after_a_recreated_tombstone_still_gets_the_new_records(
+    client: Client,
+) -> None:
+    client.append("c.again", ["old"] * 5)
+    client.delete_topic("c.again")
+    client.append("c.again", ["new-1", "new-2"])
+    reader = client.read("c.again", 5)  # a cursor from the deleted topic, beyond the head
+    tomb = next(iter(reader))
+    assert isinstance(tomb, Tombstone) and tomb.reason == "recreated"
+    assert reader.cursor == 0
+    again = [x.data for x in client.read("c.again", reader.cursor) if isinstance(x, Record)]
+    assert again == ["new-1", "new-2"]
+
+
 def test_follow_long_polls_for_new_records(client: Client, server: ServerProcess) -> None:
     client.append("c.follow", ["a"])
     reader = client.read("c.follow", follow=True, wait_ms=5000, max_records=2)

@@ -305,7 +305,18 @@ def test_a_recreated_tombstone_leaves_the_cursor_before_the_new_records() -> Non
             "tombstone": orjson.loads(tomb) | {"missed_estimate": 3},
         }
     )
-    assert [at for _item, at in diff_items(page)] == [0, 1, 2, 3]
+    assert [at for _item, at in diff_items(page, 10)] == [0, 1, 2, 3]
+    # A stream relabels its first tombstone from_seq_too_old: the cursor it was read
+    # from tells the case, not the reason.
+    first = tomb.replace('"recreated"', '"from_seq_too_old"')
+    st = WatchState(cursors={"a": 10}, tail=set(), options={})
+    list(st.frame(SseFrame("tombstone", first, "id1")))
+    assert st.cursors == {"a": 0}
+    # A cap tombstone read from below the gap moves the cursor to its end, as always.
+    cap = '{"topic":"a","reason":"cap","gap_from":1,"gap_to":4,"earliest_seq":5,"head_seq":9}'
+    st = WatchState(cursors={"a": 0}, tail=set(), options={})
+    list(st.frame(SseFrame("tombstone", cap, "id1")))
+    assert st.cursors == {"a": 4}
 
 
 def _sse(*frames: tuple[str, str]) -> bytes:

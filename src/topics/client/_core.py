@@ -480,22 +480,24 @@ class WatchEnded(Exception):
         self.reason = reason
 
 
-def cursor_after(tomb: Tombstone) -> int:
-    """The cursor once `tomb` is handed out: its `gap_to`, except for `recreated`.
+def cursor_after(tomb: Tombstone, before: int) -> int:
+    """The cursor once `tomb` is handed out, `before` being the cursor it was read from.
 
-    A `recreated` tombstone (a cursor beyond the head of a topic made again)
-    covers `1..head_seq`, and the records of the new topic follow from
-    `earliest_seq`: the cursor goes to just before them, so a reader that stops
-    after the tombstone still gets them when it resumes (docs/API.md, "9.").
+    Usually the tombstone's `gap_to`. A cursor beyond the topic's head (the topic
+    was deleted and made again) gets a tombstone over `1..head_seq`, followed by
+    the new topic's records from `earliest_seq` (docs/API.md, "9."): the cursor
+    then goes to just before them, so a consumer that stops after the tombstone
+    still gets them when it resumes. The case is told by `before`, not by the
+    reason, which a stream's first tombstone replaces with `from_seq_too_old`.
     """
-    if tomb.reason == "recreated":
+    if before > tomb.gap_to:
         return max(0, min(tomb.gap_to, tomb.earliest_seq - 1))
     return tomb.gap_to
 
 
-def diff_items(page: DiffPage) -> list[tuple[Record | Tombstone, int]]:
-    """A diff page's tombstone and records, each with the reader's cursor once it
-    is handed out; the last item carries the page's `next_from_seq`."""
+def diff_items(page: DiffPage, from_seq: int) -> list[tuple[Record | Tombstone, int]]:
+    """A diff page (read after `from_seq`): its tombstone and records, each with the
+    reader's cursor once it is handed out; the last carries the page's `next_from_seq`."""
     items: list[Record | Tombstone] = []
     if page.tombstone is not None:
         items.append(page.tombstone)
@@ -508,7 +510,7 @@ def diff_items(page: DiffPage) -> list[tuple[Record | Tombstone, int]]:
         elif isinstance(item, Record):
             at = item.seq
         else:
-            at = cursor_after(item)
+            at = cursor_after(item, from_seq)
         out.append((item, at))
     return out
 
@@ -597,7 +599,7 @@ class WatchState:
                 self._move(topic, to_seq)
         elif f.event == "tombstone":
             tomb = Tombstone.from_json(topic, d)
-            self._move(topic, cursor_after(tomb))
+            self._move(topic, cursor_after(tomb, self.cursors.get(topic, 0)))
             yield tomb
         elif f.event == "caught-up":
             head = int(d.get("head_seq", 0))

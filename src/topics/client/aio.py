@@ -635,7 +635,7 @@ class AsyncReader:
         page = DiffPage.from_json((await self.client._send(call, extra_timeout=wait / 1000))[1])
         self.head_seq = page.head_seq
         self.caught_up = page.caught_up
-        items = _core.diff_items(page)
+        items = _core.diff_items(page, self.cursor)  # the cursor it was read from
         self._buf.extend(items)
         if not items:
             self.cursor = page.next_from_seq

@@ -768,7 +768,7 @@ class Reader:
     def _take(self, page: DiffPage) -> None:
         self.head_seq = page.head_seq
         self.caught_up = page.caught_up
-        items = _core.diff_items(page)
+        items = _core.diff_items(page, self.cursor)  # the cursor it was read from
         self._buf.extend(items)
         if not items:
             self.cursor = page.next_from_seq
