@@ -420,3 +420,13 @@ def test_an_async_watch_retries_a_refused_stream_and_rewinds_too() -> None:
         {"a": 1},
         {"a": 1},
     ]
+
+
+def test_a_success_answer_that_is_not_json_is_a_topics_error() -> None:
+    def handler(req: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=b"<html><body>Welcome to nginx!</body></html>")
+
+    with pytest.raises(TopicsError) as e, _client(handler) as c:
+        c.health()
+    assert e.value.code == "invalid_answer" and e.value.status == 200
+    assert "Welcome to nginx!" in e.value.message and "\n" not in e.value.message

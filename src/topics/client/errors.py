@@ -229,15 +229,20 @@ def parse_retry_after(header: str | None, detail: Mapping[str, Any] | None = Non
     return out
 
 
-def _foreign_answer(status: int, body: bytes) -> str:
-    """One line for an answer without the error envelope: not from a topics server,
-    or from something in between (a proxy, a load balancer)."""
+def _foreign_answer(status: int, body: bytes, lacks: str = "a topics error body") -> str:
+    """One line for an answer that lacks what a topics server sends (`lacks`): it
+    came from another server, or from something in between (a proxy, a load balancer)."""
     text = re.sub(r"<[^>]*>", " ", body[:2000].decode("utf-8", "replace"))
     text = " ".join(text.split())
     if len(text) > 120:
         text = text[:117] + "..."
     what = repr(text) if text else "an empty body"
-    return f"HTTP {status} without a topics error body ({what}); is the url a topics server's?"
+    return f"HTTP {status} without {lacks} ({what}); is the url a topics server's?"
+
+
+def unreadable_answer(status: int, body: bytes) -> TopicsError:
+    """The exception for a 2xx answer whose body is not JSON (code `invalid_answer`)."""
+    return TopicsError(status, "invalid_answer", _foreign_answer(status, body, "a JSON body"))
 
 
 def error_from_response(
