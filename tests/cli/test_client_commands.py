@@ -4,6 +4,7 @@ outputs (timestamps masked), exit codes, one-line errors."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -314,3 +315,14 @@ def test_consume_follow_and_watch(server: ServerProcess) -> None:
         '{"topic":"f.b","$seq":1,"$ts":TS,"data":"b-old"}\n'
         '{"topic":"f.b","$seq":2,"$ts":TS,"data":"b-new"}\n'
     )
+
+    # Ctrl-C: exit 130, and where each topic stopped, for --from-seq to carry on.
+    follower = _spawn("watch", "f.a", "f.b", "--from-beginning", url=u)
+    assert follower.stdout is not None
+    printed = [follower.stdout.readline() for _ in range(4)]  # each line is flushed
+    assert all(line.startswith('{"topic":"f.') for line in printed), printed
+    follower.send_signal(signal.SIGINT)
+    out, err = follower.communicate(timeout=30)
+    assert follower.returncode == 130, err
+    assert err.strip().splitlines() == ["topics: interrupted; stopped (f.a at 2, f.b at 2)"]
+    assert out == ""

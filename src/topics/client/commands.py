@@ -312,10 +312,14 @@ def _start(args: argparse.Namespace) -> int | None:
     return None
 
 
+def _positions(cursors: dict[str, int]) -> str:
+    """`a at 3, b at 7`: where each topic stopped, for `--from-seq` to carry on."""
+    return ", ".join(f"{t} at {s}" for t, s in sorted(cursors.items()))
+
+
 def _ended(watch_ended_by: str | None, cursors: dict[str, int]) -> None:
     if watch_ended_by == "shutdown":
-        where = ", ".join(f"{t} at {s}" for t, s in sorted(cursors.items()))
-        _note(f"the server is shutting down; stopped ({where})")
+        _note(f"the server is shutting down; stopped ({_positions(cursors)})")
 
 
 def cmd_consume(args: argparse.Namespace, client: Client) -> int:
@@ -358,13 +362,18 @@ def _follow(
         reconnect_timeout=None,
     )
     records = 0
-    with watch:
-        for ev in watch:
-            _print_event(ev, args.format, with_topic)
-            if isinstance(ev, Record):
-                records += 1
-                if args.limit is not None and records >= args.limit:
-                    return EXIT_OK
+    try:
+        with watch:
+            for ev in watch:
+                _print_event(ev, args.format, with_topic)
+                if isinstance(ev, Record):
+                    records += 1
+                    if args.limit is not None and records >= args.limit:
+                        return EXIT_OK
+    except KeyboardInterrupt:
+        if watch.wid is not None:  # started: the cursors are real ones
+            _note(f"interrupted; stopped ({_positions(watch.cursors)})")
+        raise
     _ended(watch.ended_by, watch.cursors)
     return EXIT_OK
 
