@@ -17,7 +17,7 @@ from urllib.parse import quote, urlsplit
 
 import orjson
 
-from topics.client.errors import TopicsError
+from topics.client.errors import TopicsError, unreadable_answer
 from topics.client.models import (
     AckResult,
     CaughtUp,
@@ -134,6 +134,16 @@ class Retry:
 
 
 RETRYABLE_STATUS = frozenset({429, 503})
+
+
+def answer_body(status: int, content: bytes) -> dict[str, Any]:
+    """The JSON object of a 2xx answer (a non-object value as `{"value": ...}`, no
+    body as `{}`); raises TopicsError `invalid_answer` when the body is not JSON."""
+    try:
+        body = orjson.loads(content) if content else {}
+    except orjson.JSONDecodeError:
+        raise unreadable_answer(status, content) from None
+    return body if isinstance(body, dict) else {"value": body}
 
 
 def _b(v: bool) -> str:

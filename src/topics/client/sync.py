@@ -28,7 +28,6 @@ from topics.client.errors import (
     TopicsError,
     Unavailable,
     error_from_response,
-    unreadable_answer,
 )
 from topics.client.models import (
     AckResult,
@@ -161,11 +160,7 @@ class Client:
                     f"{call.method} {self.url}{call.path}: {_describe(e)}"
                 ) from e
             if r.status_code < 300:
-                try:
-                    body = orjson.loads(r.content) if r.content else {}
-                except orjson.JSONDecodeError:
-                    raise unreadable_answer(r.status_code, r.content) from None
-                return r.status_code, body if isinstance(body, dict) else {"value": body}, attempt
+                return r.status_code, _core.answer_body(r.status_code, r.content), attempt
             err = error_from_response(r.status_code, r.content, r.headers.get("retry-after"))
             if r.status_code in _core.RETRYABLE_STATUS and attempt <= self.retry.retries:
                 wait = self.retry.delay(attempt, err)
