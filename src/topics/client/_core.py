@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+import httpx
 import orjson
 
 from topics.client.errors import TopicsError, unreadable_answer
@@ -60,8 +61,8 @@ _RECORD_KEYS = frozenset({"data", "tag", "node", "meta"})
 def resolve_url(url: str | None) -> str:
     """`url`, else `$TOPICS_URL`, else http://127.0.0.1:4000; `host:port` alone gets http://.
 
-    Raises ValueError, naming the url, when it is not http(s), has no host, or
-    has a port that is not a number from 1 to 65535.
+    Raises ValueError, naming the url, when it is not http(s), has no host, has a
+    port that is not a number from 1 to 65535, or is one httpx cannot use.
     """
     u = (url or os.environ.get("TOPICS_URL") or DEFAULT_URL).strip().rstrip("/")
     if "://" not in u:
@@ -77,6 +78,10 @@ def resolve_url(url: str | None) -> str:
         raise ValueError(f"server url {u!r} names no host")
     if port == 0:
         raise ValueError(f"server url {u!r}: port 0 cannot be connected to")
+    try:
+        httpx.URL(u)  # what the connection will be made with (control characters, ...)
+    except httpx.InvalidURL as e:
+        raise ValueError(f"server url {u!r} is not a valid url: {e}") from None
     return u
 
 

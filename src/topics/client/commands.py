@@ -20,8 +20,6 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import IO, Any
 
-import httpx
-
 from topics.client import _core
 from topics.client.errors import ConnectionFailed, TopicsError
 from topics.client.models import (
@@ -1021,9 +1019,6 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_FAIL
     except ValueError as e:
         _note(str(e))
-        return EXIT_USAGE
-    except httpx.InvalidURL as e:  # what the url check in the client lets through
-        _note(f"server url {args.url or os.environ.get('TOPICS_URL')!r} is not a valid url: {e}")
         return EXIT_USAGE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
