@@ -164,42 +164,54 @@ _VERIFY_HELP = "check a data directory for corruption (fsck)"
 _DUMP_HELP = "print WAL frames and segment records of a data directory"
 
 
-_EXAMPLES = {
-    "verify": (
-        "  topics verify ./topics-data\n"
-        "  topics verify ./topics-data --json --no-progress\n"
-        "  topics verify ./topics-data --cold-dir s3://archive/topics"
-    ),
-    "dump": (
-        "  topics dump ./topics-data --segments --topic orders\n"
-        "  topics dump ./topics-data --wal --json | head"
-    ),
-    "spark-export": (
-        "  topics spark-export ./topics-data --to parquet ./export\n"
-        "  topics spark-export ./topics-data --to parquet ./export --topics orders,clicks"
-    ),
-    "repair": ("  topics repair ./topics-data --dry-run\n  topics repair ./topics-data"),
-}
-
-
 def add_subcommands(subparsers: Any) -> None:
     """Add `verify`, `dump`, `spark-export` and `repair` to an argparse subparsers object.
 
     `subparsers` is what `ArgumentParser.add_subparsers()` returned; parsed
     args carry `tools_command` (the command's name), so :func:`run` can dispatch.
     """
-    for name, help_, add_args in (
-        ("verify", _VERIFY_HELP, _verify_args),
-        ("dump", _DUMP_HELP, _dump_args),
-        ("spark-export", _EXPORT_HELP, _export_args),
-        ("repair", _REPAIR_HELP, _repair_args),
+    for name, help_, add_args, examples in (
+        (
+            "verify",
+            _VERIFY_HELP,
+            _verify_args,
+            (
+                "topics verify ./topics-data",
+                "topics verify ./topics-data --json --no-progress",
+                "topics verify ./topics-data --cold-dir s3://archive/topics",
+            ),
+        ),
+        (
+            "dump",
+            _DUMP_HELP,
+            _dump_args,
+            (
+                "topics dump ./topics-data --segments --topic orders",
+                "topics dump ./topics-data --wal --json | head",
+            ),
+        ),
+        (
+            "spark-export",
+            _EXPORT_HELP,
+            _export_args,
+            (
+                "topics spark-export ./topics-data --to parquet ./export",
+                "topics spark-export ./topics-data --to parquet ./export --topics orders,clicks",
+            ),
+        ),
+        (
+            "repair",
+            _REPAIR_HELP,
+            _repair_args,
+            ("topics repair ./topics-data --dry-run", "topics repair ./topics-data"),
+        ),
     ):
         add_args(
             subparsers.add_parser(
                 name,
                 help=help_,
                 description=help_,
-                epilog="examples:\n" + _EXAMPLES[name],
+                epilog="examples:\n" + "".join(f"  {e}\n" for e in examples),
                 formatter_class=argparse.RawDescriptionHelpFormatter,
             )
         )
@@ -243,7 +255,7 @@ def repair(data_dir: str, *, dry_run: bool = False, fs: Fs | None = None) -> int
     """
     # Checked before the lock is taken: taking it would create `.topics.lock` in a
     # directory that is not a data directory, and make it look like one.
-    err = _data_dir_error(data_dir) or _not_a_data_dir(data_dir)
+    err = _data_dir_problem(data_dir)
     if err is not None:
         return _usage(err)
     fs = fs or RealFs()
@@ -441,6 +453,12 @@ def _cold_dir_error(cold_dir: str | None, *, local: bool = True) -> str | None:
 _DATA_DIR_MARKERS = ("wal", "meta", "topics", ".topics.lock")
 
 
+def _data_dir_problem(data_dir: str) -> str | None:
+    """Why `data_dir` is no data directory to read: missing, a file, or a directory
+    without any data-dir entry; None when it is one."""
+    return _data_dir_error(data_dir) or _not_a_data_dir(data_dir)
+
+
 def _not_a_data_dir(data_dir: str) -> str | None:
     """A message when the directory `data_dir` holds none of the data-dir entries."""
     if any(os.path.lexists(os.path.join(data_dir, m)) for m in _DATA_DIR_MARKERS):
@@ -558,7 +576,7 @@ def verify(
     segment in it as sealed. 2 also when the object store cannot be read (down,
     a missing bucket, denied): that is not damage, and nothing was concluded.
     """
-    err = (_data_dir_error(data_dir) or _not_a_data_dir(data_dir)) if fs is None else None
+    err = _data_dir_problem(data_dir) if fs is None else None
     err = err or _cold_dir_error(cold_dir, local=fs is None)
     if err is not None:
         return _usage(err)
@@ -871,7 +889,7 @@ def dump(
     JSON `"tier": "cold"`). Returns 0, 1 when a file or object cannot be read
     (the object store failing included), 2 on a usage error.
     """
-    err = (_data_dir_error(data_dir) or _not_a_data_dir(data_dir)) if fs is None else None
+    err = _data_dir_problem(data_dir) if fs is None else None
     err = err or _cold_dir_error(cold_dir, local=fs is None)
     if err is not None:
         return _usage(err)
