@@ -591,6 +591,7 @@ def _check_snapshots(
         n, path = pending[i]
         listed = i < len(snaps)
         i += 1
+        raw: bytes | OSError | None  # None: pruned by a running server
         try:
             raw = read_file(fs, path)
         except FileNotFoundError as e:
@@ -598,10 +599,8 @@ def _check_snapshots(
                 newer = [s for s in list_snapshots(fs, meta) if s[0] > n]
             except OSError:
                 newer = []
-            if not newer:
-                report.snapshots += 1
-                report.add("unreadable", path, str(e))
-            else:
+            raw = None if newer else e
+            if newer:
                 report.add(
                     "snapshot_pruned",
                     path,
@@ -610,24 +609,23 @@ def _check_snapshots(
                 )
                 pending.extend(s for s in newer if s[0] not in seen)
                 seen.update(s[0] for s in newer)
-            if listed:
-                tick()
-            continue
         except OSError as e:
-            report.snapshots += 1
-            report.add("unreadable", path, str(e))
+            raw = e
+        finally:
             if listed:
                 tick()
+        if raw is None:
             continue
         report.snapshots += 1
+        if isinstance(raw, OSError):
+            report.add("unreadable", path, str(raw))
+            continue
         result = decode_snapshot(raw)
         if isinstance(result, SnapshotInvalid):
             report.add("snapshot_invalid", path, result.reason)
         else:
             report.valid_snapshots += 1
             newest = (path, result)
-        if listed:
-            tick()
     if snaps and not report.valid_snapshots:
         report.add("no_valid_snapshot", meta, f"none of {report.snapshots} snapshots is valid")
     if newest is None:
