@@ -27,7 +27,7 @@ from topics.client import (
 )
 from topics.client._core import SseFrame, SseParser, WatchEnded, WatchState, diff_items
 from topics.client.errors import error_from_response
-from topics.engine.watch import decode_composite_id
+from topics.cursor_id import decode_composite_id
 
 APPEND_OK = {
     "topic": "t",

@@ -5,7 +5,6 @@ Nothing here does I/O.
 
 from __future__ import annotations
 
-import base64
 import os
 import random
 import socket
@@ -43,6 +42,7 @@ from topics.client.models import (
     TopicInfo,
     TopicPage,
 )
+from topics.cursor_id import encode_composite_id
 
 DEFAULT_URL = "http://127.0.0.1:4000"
 #: The server's batch limit (docs/API.md, "16. Limits and the knobs that shape the API").
@@ -628,10 +628,9 @@ class WatchState:
     def resume_id(self) -> str:
         """The `Last-Event-ID` that rewinds a session to this watch's cursors: what
         it handed out, which may be less than the frames the server sent before a
-        connection broke (docs/API.md, "12.2", "12.3": base64url of the sorted
-        JSON cursor map; the server only ever moves a cursor back)."""
-        raw = orjson.dumps(self.cursors, option=orjson.OPT_SORT_KEYS)
-        return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+        connection broke (docs/API.md, "12.2", "12.3"; the server only ever moves a
+        cursor back)."""
+        return encode_composite_id(self.cursors)
 
     def _move(self, topic: str, seq: int) -> None:
         # The server's cursor, as sent: a `recreated` tombstone moves it back.

@@ -26,7 +26,6 @@ and `topics.http.ws`.
 from __future__ import annotations
 
 import base64
-import binascii
 import secrets
 import weakref
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from typing import Any
 
 import orjson
 
+from topics.cursor_id import decode_composite_id, encode_composite_id
 from topics.engine.core import Engine, norm_budget, norm_limit
 from topics.engine.params import boolean, node_set, opt_str, opt_u64, u32, u64
 from topics.engine.topic import WATCH_DEFAULT_BUDGET, ReadOpts, ReadResult, Topic
@@ -381,15 +381,6 @@ def _read(memo: _TopicMemo, t: Topic, cursor: int, opts: ReadOpts, now: int) -> 
 # --------------------------------------------------------------- composite ids
 
 
-def encode_composite_id(cursors: dict[str, int]) -> str:
-    """base64url (no padding) of the sorted compact JSON `{topic: cursor}`.
-
-    See docs/API.md, "12.3 Frames".
-    """
-    raw = orjson.dumps(cursors, option=orjson.OPT_SORT_KEYS)
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
-
-
 _CID_MEMO: dict[tuple[tuple[str, int], ...], str] = {}
 _CID_MEMO_MAX = 4096  # entries; cleared when full
 _CID_MEMO_TOPICS = 16  # only ids of sessions this small are memoised
@@ -410,28 +401,6 @@ def composite_id_of(cursors: dict[str, int]) -> str:
             _CID_MEMO.clear()
         _CID_MEMO[key] = cid
     return cid
-
-
-def decode_composite_id(value: str) -> dict[str, int] | None:
-    """Decode a `Last-Event-ID` (padded or not); None when undecodable.
-
-    Entries whose value is not a u64 are ignored.
-    """
-    v = value.strip()
-    if not v:
-        return None
-    try:
-        raw = base64.urlsafe_b64decode(v.rstrip("=") + "=" * (-len(v.rstrip("=")) % 4))
-        obj = orjson.loads(raw)
-    except (binascii.Error, ValueError):
-        return None
-    if not isinstance(obj, dict):
-        return None
-    out: dict[str, int] = {}
-    for k, n in obj.items():
-        if isinstance(n, int) and not isinstance(n, bool) and 0 <= n < (1 << 64):
-            out[k] = n
-    return out
 
 
 def clamp_heartbeat(raw: int) -> int:
