@@ -1,9 +1,5 @@
 package topics.jvm;
 
-import java.lang.invoke.MethodHandles;
-import java.lang.invoke.VarHandle;
-import java.nio.ByteOrder;
-
 /**
  * Strict UTF-8 validation, as Python's {@code bytes.decode()} applies it: no overlong
  * forms, no encoded surrogates (U+D800..U+DFFF), nothing above U+10FFFF.
@@ -11,14 +7,13 @@ import java.nio.ByteOrder;
 final class Utf8 {
     private Utf8() {}
 
-    private static final VarHandle LE64 = MethodHandles.byteArrayViewVarHandle(long[].class, ByteOrder.LITTLE_ENDIAN);
     private static final long HIGH_BITS = 0x8080808080808080L;
 
     static boolean valid(byte[] b, int off, int len) {
         int i = off, end = off + len;
         while (i < end) {
             // ASCII runs eight bytes at a time.
-            while (i + 8 <= end && (((long) LE64.get(b, i)) & HIGH_BITS) == 0) i += 8;
+            while (i + 8 <= end && (Xxh3.r64(b, i) & HIGH_BITS) == 0) i += 8;
             if (i >= end) break;
             int c = b[i] & 0xFF;
             if (c < 0x80) { i++; continue; }
